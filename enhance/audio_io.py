@@ -1,0 +1,198 @@
+"""Reading, checking, resampling and atomically writing audio.
+
+Audio inside tim-enhance is float32 numpy ``[channels, samples]``; files keep their own rate, channel count and
+subtype on the way out (see :class:`AudioInfo`). Every problem with a user's file becomes an :class:`AudioError`
+with a one-line reason, never a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+from enhance.errors import AudioError
+
+MODEL_RATE = 16000
+
+
+@dataclass(frozen=True)
+class AudioInfo:
+    """What a file was, so that the enhanced file can be written the same way."""
+
+    sample_rate: int
+    channels: int
+    frames: int
+    format: str  # libsndfile major format, e.g. "WAV", "FLAC", "OGG"
+    subtype: str  # e.g. "PCM_16", "FLOAT", "VORBIS"
+
+    @property
+    def duration_s(self) -> float:
+        return self.frames / self.sample_rate if self.sample_rate else 0.0
+
+
+Source = str | os.PathLike[str] | BinaryIO | bytes
+
+
+def _open_source(source: Source) -> str | BinaryIO:
+    if isinstance(source, bytes | bytearray):
+        return io.BytesIO(source)
+    if isinstance(source, str | os.PathLike):
+        return os.fspath(source)
+    return source
+
+
+def _name(source: Source) -> str:
+    if isinstance(source, str | os.PathLike):
+        return os.fspath(source)
+    return "<stream>"
+
+
+def read_info(source: Source) -> AudioInfo:
+    """Header of an audio file without reading the samples (raises :class:`AudioError`)."""
+    src = _open_source(source)
+    if isinstance(src, str) and not os.path.exists(src):
+        raise AudioError(f"{src}: no such file")
+    try:
+        info = sf.info(src)
+    except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
+        raise AudioError(f"{_name(source)}: not a readable audio file ({_short(exc)})") from None
+    return AudioInfo(info.samplerate, info.channels, info.frames, info.format, info.subtype)
+
+
+def load_audio(source: Source) -> tuple[np.ndarray, AudioInfo]:
+    """Read a file as float32 ``[channels, samples]`` and check it can be enhanced.
+
+    Raises :class:`AudioError` for missing, unreadable or corrupt files, zero-length audio and NaN/inf samples.
+    (All-zero audio is valid input: it is enhanced to silence.)
+    """
+    src = _open_source(source)
+    name = _name(source)
+    if isinstance(src, str):
+        if not os.path.exists(src):
+            raise AudioError(f"{src}: no such file")
+        if os.path.isdir(src):
+            raise AudioError(f"{src}: is a directory")
+        if os.path.getsize(src) == 0:
+            raise AudioError(f"{src}: empty file (0 bytes)")
+    try:
+        with sf.SoundFile(src) as f:
+            info = AudioInfo(f.samplerate, f.channels, f.frames, f.format, f.subtype)
+            data = f.read(dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
+        raise AudioError(f"{name}: not a readable audio file ({_short(exc)})") from None
+    wav = np.ascontiguousarray(data.T)
+    check_audio(wav, name)
+    return wav, AudioInfo(info.sample_rate, info.channels, wav.shape[1], info.format, info.subtype)
+
+
+def check_audio(wav: np.ndarray, name: str = "<audio>") -> None:
+    """Refuse what cannot be enhanced: no samples, or NaN/inf samples."""
+    if wav.ndim != 2 or wav.shape[0] == 0:
+        raise AudioError(f"{name}: expected [channels, samples] audio, got shape {tuple(wav.shape)}")
+    if wav.shape[1] == 0:
+        raise AudioError(f"{name}: contains no samples (zero-length audio)")
+    if not np.isfinite(wav).all():
+        bad = int((~np.isfinite(wav)).sum())
+        raise AudioError(f"{name}: {bad} sample(s) are NaN or infinite")
+
+
+def resample(wav: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
+    """Resample ``[channels, samples]`` float32 with soxr (high quality); identity when the rates match."""
+    if rate_in == rate_out:
+        return wav
+    out = soxr.resample(np.ascontiguousarray(wav.T), rate_in, rate_out, quality="HQ")
+    return np.ascontiguousarray(np.asarray(out, dtype=np.float32).reshape(-1, wav.shape[0]).T)
+
+
+def to_model_rate(wav: np.ndarray, rate: int) -> np.ndarray:
+    return resample(wav, rate, MODEL_RATE)
+
+
+def fit_length(wav: np.ndarray, length: int) -> np.ndarray:
+    """Cut or zero-pad ``[channels, samples]`` to exactly ``length`` samples (resampling round trips drift by 1)."""
+    n = wav.shape[1]
+    if n == length:
+        return wav
+    if n > length:
+        return wav[:, :length]
+    return np.pad(wav, ((0, 0), (0, length - n)))
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]):
+    """Yield a temporary path beside ``path``; on success it is renamed onto ``path``, on failure removed.
+
+    Readers never see a half-written file, and an existing file is untouched when writing fails.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the permissions open() would
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def save_audio(
+    path: str | os.PathLike[str],
+    wav: np.ndarray,
+    sample_rate: int,
+    *,
+    format: str | None = None,
+    subtype: str | None = None,
+) -> None:
+    """Write ``[channels, samples]`` float audio atomically (temp file + rename).
+
+    ``format``/``subtype`` default to what the file extension implies (libsndfile's defaults). Integer subtypes
+    are clipped to [-1, 1] by libsndfile.
+    """
+    fmt = format or _format_from_suffix(Path(path).suffix)
+    if subtype is not None and not sf.check_format(fmt, subtype):
+        subtype = None  # e.g. VORBIS -> WAV: fall back to the container's default
+    with atomic_path(path) as tmp:
+        sf.write(tmp, np.ascontiguousarray(wav.T), sample_rate, format=fmt, subtype=subtype)
+
+
+def encode_audio(
+    wav: np.ndarray, sample_rate: int, *, format: str = "WAV", subtype: str | None = None
+) -> bytes:
+    """Encode ``[channels, samples]`` float audio to bytes in memory (for HTTP responses and pipes)."""
+    if subtype is not None and not sf.check_format(format, subtype):
+        subtype = None
+    buf = io.BytesIO()
+    sf.write(buf, np.ascontiguousarray(wav.T), sample_rate, format=format, subtype=subtype)
+    return buf.getvalue()
+
+
+def _format_from_suffix(suffix: str) -> str:
+    fmt = suffix.lstrip(".").upper()
+    aliases = {"WAVE": "WAV", "AIF": "AIFF", "OGA": "OGG", "OPUS": "OGG"}
+    fmt = aliases.get(fmt, fmt)
+    if fmt not in sf.available_formats():
+        raise AudioError(f"cannot write '{suffix or '(no extension)'}' files; use .wav, .flac or .ogg")
+    return fmt
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text[:160]

@@ -1,0 +1,47 @@
+"""Offline enhancement of whole signals at the model rate (16 kHz).
+
+``enhance_waveform`` is the reference path: STFT -> log1p magnitude -> model -> rebuild with the noisy phase, at
+the input's exact length. Each channel is enhanced independently (channels are a batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from enhance.audio_io import MODEL_RATE, check_audio, fit_length, resample
+from enhance.stft import log_magnitude, rebuild, stft
+from models.enhancer import Enhancer
+
+
+@dataclass
+class Enhanced:
+    wav: np.ndarray  # [channels, samples] float32, same rate and length as the input
+    # per TIM layer with competition: [channels, frames, n_s] float32 (None unless asked for)
+    competition: list[np.ndarray] | None = None
+
+
+@torch.inference_mode()
+def enhance_waveform(model: Enhancer, wav: np.ndarray, return_competition: bool = False) -> Enhanced:
+    """Enhance ``[channels, samples]`` float audio at 16 kHz; returns the same shape."""
+    check_audio(wav)
+    param = next(model.parameters())
+    x = torch.from_numpy(np.ascontiguousarray(wav)).to(device=param.device, dtype=param.dtype)
+    spec = stft(x, model.cfg.stft)  # [C, T, F]
+    out = model(log_magnitude(spec), return_competition=return_competition)
+    y = rebuild(out.log_mag, spec, model.cfg.stft, wav.shape[1])
+    maps = [c.float().cpu().numpy() for c in out.competition] if out.competition is not None else None
+    return Enhanced(y.float().cpu().numpy(), maps)
+
+
+def enhance_audio(
+    model: Enhancer, wav: np.ndarray, sample_rate: int, return_competition: bool = False
+) -> Enhanced:
+    """Enhance audio at any rate: resampled to 16 kHz and back, at the input's exact length."""
+    check_audio(wav)
+    x = resample(wav, sample_rate, MODEL_RATE)
+    result = enhance_waveform(model, x, return_competition)
+    result.wav = fit_length(resample(result.wav, MODEL_RATE, sample_rate), wav.shape[1])
+    return result

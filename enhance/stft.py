@@ -1,0 +1,103 @@
+"""STFT framing, log1p-magnitude features and waveform rebuilding with the noisy phase.
+
+Framing (shared by the offline and the streaming engines, so that both give the same samples):
+
+* frame t covers samples ``[t*hop - (win - hop), t*hop + hop)`` of the signal, i.e. the signal is preceded by
+  ``win - hop`` zeros; a signal of L samples gives ``T = ceil(L / hop) + 1`` frames (zeros after its end);
+* window: periodic sqrt-Hann for analysis and synthesis; at hop = win/2 its square sums to exactly 1, so plain
+  overlap-add reconstructs the signal (no window-envelope division, which streaming could not do cheaply).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class STFTConfig:
+    """Analysis settings of the model (GUIDE §1): 16 kHz, 512-point FFT, 32 ms window, 16 ms hop."""
+
+    sample_rate: int = 16000
+    n_fft: int = 512
+    win_length: int = 512
+    hop_length: int = 256
+
+    def __post_init__(self) -> None:
+        if self.win_length != self.n_fft or self.hop_length * 2 != self.win_length:
+            raise ValueError("only win_length == n_fft == 2 * hop_length is supported (sqrt-Hann OLA)")
+
+    @property
+    def n_bins(self) -> int:
+        return self.n_fft // 2 + 1
+
+    @property
+    def overlap(self) -> int:
+        return self.win_length - self.hop_length
+
+    def n_frames(self, n_samples: int) -> int:
+        """Number of STFT frames for a signal of ``n_samples`` samples."""
+        return math.ceil(n_samples / self.hop_length) + 1
+
+    def frames_to_ms(self, frames: float) -> float:
+        return 1000.0 * frames * self.hop_length / self.sample_rate
+
+
+def sqrt_hann(
+    win_length: int, dtype: torch.dtype = torch.float32, device: torch.device | None = None
+) -> torch.Tensor:
+    return torch.hann_window(win_length, periodic=True, dtype=dtype, device=device).sqrt()
+
+
+def stft(wav: torch.Tensor, cfg: STFTConfig) -> torch.Tensor:
+    """Complex spectrum of ``wav`` [..., L] -> [..., T, n_bins] with T = ceil(L / hop) + 1."""
+    n = wav.shape[-1]
+    n_frames = cfg.n_frames(n)
+    pad_end = (n_frames - 1) * cfg.hop_length + cfg.win_length - cfg.overlap - n
+    lead = wav.shape[:-1]
+    flat = wav.reshape(-1, n)
+    flat = F.pad(flat, (cfg.overlap, pad_end))  # [N, (T-1)*hop + win]
+    spec = torch.stft(
+        flat,
+        n_fft=cfg.n_fft,
+        hop_length=cfg.hop_length,
+        win_length=cfg.win_length,
+        window=sqrt_hann(cfg.win_length, flat.dtype, flat.device),
+        center=False,
+        return_complex=True,
+    )  # [N, n_bins, T]
+    return spec.transpose(-1, -2).reshape(*lead, n_frames, cfg.n_bins)
+
+
+def istft(spec: torch.Tensor, cfg: STFTConfig, length: int) -> torch.Tensor:
+    """Inverse of :func:`stft`: [..., T, n_bins] complex -> [..., length] real (overlap-add, sqrt-Hann)."""
+    lead = spec.shape[:-2]
+    n_frames = spec.shape[-2]
+    frames = torch.fft.irfft(spec.reshape(-1, n_frames, cfg.n_bins), n=cfg.n_fft, dim=-1)  # [N, T, n_fft]
+    frames = frames * sqrt_hann(cfg.win_length, frames.dtype, frames.device)
+    total = (n_frames - 1) * cfg.hop_length + cfg.win_length
+    wav = F.fold(
+        frames.transpose(1, 2),  # [N, win, T]
+        output_size=(1, total),
+        kernel_size=(1, cfg.win_length),
+        stride=(1, cfg.hop_length),
+    ).reshape(-1, total)
+    wav = wav[:, cfg.overlap : cfg.overlap + length]
+    if wav.shape[-1] < length:
+        raise ValueError(f"{n_frames} frames cannot cover {length} samples")
+    return wav.reshape(*lead, length)
+
+
+def log_magnitude(spec: torch.Tensor) -> torch.Tensor:
+    """Model features and target: ``log1p(|X|)`` (no per-utterance normalisation: it would break streaming)."""
+    return torch.log1p(spec.abs())
+
+
+def rebuild(log_mag: torch.Tensor, noisy_spec: torch.Tensor, cfg: STFTConfig, length: int) -> torch.Tensor:
+    """Waveform from a predicted ``log1p`` magnitude and the noisy phase, at exactly ``length`` samples."""
+    mag = torch.expm1(log_mag.clamp(min=0.0))
+    phase = torch.polar(torch.ones_like(mag), noisy_spec.angle())
+    return istft(mag * phase, cfg, length)

@@ -1,0 +1,137 @@
+"""Self-describing model checkpoints: one ``.safetensors`` file holding the weights and, in its metadata, the
+format version, model name, constructor config, training metadata and software versions.
+
+Loading is strict: a config this code cannot build, or weights that do not match it key for key and shape for
+shape, are refused with a message naming the offending key. Saving is atomic (temp file + rename), so an
+interrupted save never leaves a corrupt checkpoint behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors
+import safetensors.torch
+import torch
+
+from enhance.audio_io import atomic_path
+from models.config_io import from_dict, to_dict
+from models.enhancer import Enhancer, EnhancerConfig
+
+FORMAT = "tim-enhance-checkpoint/1"
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be loaded, with the reason."""
+
+
+@dataclass
+class Checkpoint:
+    model: Enhancer
+    name: str
+    config: EnhancerConfig
+    training: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+
+
+def software_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    try:
+        ours = metadata.version("tim-enhance")
+    except metadata.PackageNotFoundError:
+        ours = "unknown"
+    return {
+        "tim-enhance": ours,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "safetensors": safetensors.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def save_checkpoint(
+    path: str | os.PathLike[str], model: Enhancer, name: str, training: dict[str, Any] | None = None
+) -> None:
+    metadata = {
+        "format": FORMAT,
+        "name": name,
+        "config": json.dumps(to_dict(model.cfg)),
+        "training": json.dumps(training or {}),
+        "versions": json.dumps(software_versions()),
+    }
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    with atomic_path(path) as tmp:
+        safetensors.torch.save_file(tensors, tmp, metadata=metadata)
+
+
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Name, config, training and versions of a checkpoint, without building the model."""
+    p = Path(path)
+    if not p.is_file():
+        raise CheckpointError(f"{p}: no such checkpoint file")
+    try:
+        with safetensors.safe_open(str(p), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception as exc:  # safetensors raises several types for truncated or foreign files
+        raise CheckpointError(f"{p}: not a safetensors checkpoint ({exc})") from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{p}: unknown checkpoint format {meta.get('format')!r}, expected {FORMAT!r}")
+    try:
+        return {
+            "name": meta["name"],
+            "config": json.loads(meta["config"]),
+            "training": json.loads(meta.get("training", "{}")),
+            "versions": json.loads(meta.get("versions", "{}")),
+        }
+    except (KeyError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{p}: damaged checkpoint metadata ({exc})") from None
+
+
+def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.device = "cpu") -> Checkpoint:
+    meta = read_metadata(path)
+    try:
+        cfg = from_dict(EnhancerConfig, meta["config"])
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(f"{path}: config not understood: {exc}") from None
+    model = Enhancer(cfg)
+    try:
+        tensors = safetensors.torch.load_file(str(path), device=str(map_location))
+    except Exception as exc:
+        raise CheckpointError(f"{path}: cannot read weights ({exc})") from None
+    load_state_strict(model, tensors, str(path))
+    model.eval()
+    return Checkpoint(model, meta["name"], cfg, meta["training"], meta["versions"])
+
+
+def load_state_strict(model: torch.nn.Module, tensors: dict[str, torch.Tensor], where: str) -> None:
+    """Load weights only if keys and shapes match exactly; otherwise name the first offending keys."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(tensors) if expected[k].shape != tensors[k].shape)
+    problems = []
+    if missing:
+        problems.append(f"missing key(s) {_few(missing)}")
+    if unexpected:
+        problems.append(f"unexpected key(s) {_few(unexpected)}")
+    if wrong:
+        k = wrong[0]
+        problems.append(
+            f"shape mismatch for '{k}': checkpoint {tuple(tensors[k].shape)} vs model {tuple(expected[k].shape)}"
+            + (f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else "")
+        )
+    if problems:
+        raise CheckpointError(f"{where}: weights do not match the model: " + "; ".join(problems))
+    model.load_state_dict(tensors, strict=True)
+
+
+def _few(keys: list[str], n: int = 3) -> str:
+    shown = ", ".join(f"'{k}'" for k in keys[:n])
+    return shown + (f" (+{len(keys) - n} more)" if len(keys) > n else "")

@@ -1,0 +1,55 @@
+"""Strict conversion between (nested, frozen) config dataclasses and plain JSON-able dicts.
+
+Unknown or missing keys are errors: a checkpoint whose config this code does not understand is refused, never
+silently reinterpreted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            value = to_dict(value)
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown} for {cls.__name__}")
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in data:
+            continue  # the dataclass default applies (a field added after the file was written)
+        kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
+    return cls(**kwargs)
+
+
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None:
+            return None
+        return _convert(args[0], value, where) if len(args) == 1 else value
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value, where)  # type: ignore[arg-type]
+    if origin is tuple:
+        inner = typing.get_args(hint)[0] if typing.get_args(hint) else Any
+        return tuple(_convert(inner, v, where) for v in value)
+    return value

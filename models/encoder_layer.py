@@ -1,0 +1,50 @@
+"""The standard Transformer encoder layer (blocks 1, 2 and 8): post-norm, LeakyReLU FFN, banded causal MHA."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from models.attention import AttentionConfig, MultiHeadAttention
+
+
+@dataclass(frozen=True)
+class StandardLayerConfig:
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    d_ff: int = 256
+    dropout: float = 0.1
+    negative_slope: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.attention.n_groups != 1:
+            raise ValueError("a standard layer's attention has n_groups == 1")
+
+    @property
+    def d_model(self) -> int:
+        return self.attention.d_model
+
+
+class StandardLayer(nn.Module):
+    def __init__(self, cfg: StandardLayerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.attn = MultiHeadAttention(cfg.attention)
+        self.norm1 = nn.LayerNorm(d)
+        self.ffn = nn.Sequential(
+            nn.Linear(d, cfg.d_ff),
+            nn.LeakyReLU(cfg.negative_slope),
+            nn.Dropout(cfg.dropout),
+            nn.Linear(cfg.d_ff, d),
+        )
+        self.norm2 = nn.LayerNorm(d)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, None]:
+        # h: [B, T, d]; returns (h, competition=None) like TIMLayer
+        a = self.attn(h.unsqueeze(2)).squeeze(2)
+        h = self.norm1(h + self.drop(a))
+        h = self.norm2(h + self.drop(self.ffn(h)))
+        return h, None

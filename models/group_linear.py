@@ -1,0 +1,51 @@
+"""Per-mechanism ("group") linear maps and mechanism-wise LayerNorm, the two primitives of TIM layers.
+
+A hidden state of width ``d_model`` is viewed as ``n_groups`` slices of ``d_model // n_groups``; each slice has its
+own weights and never mixes with the others here (mixing is the inter-mechanism attention's job).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class GroupLinear(nn.Module):
+    """``n_groups`` independent linear maps: ``[..., G, d_in] -> [..., G, d_out]``."""
+
+    def __init__(self, n_groups: int, d_in: int, d_out: int, bias: bool = True) -> None:
+        super().__init__()
+        self.n_groups, self.d_in, self.d_out = n_groups, d_in, d_out
+        self.weight = nn.Parameter(torch.empty(n_groups, d_in, d_out))
+        self.bias = nn.Parameter(torch.empty(n_groups, d_out)) if bias else None
+        bound = 1.0 / math.sqrt(d_in)  # nn.Linear's default initialisation, per group
+        nn.init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-2]
+        flat = x.reshape(-1, self.n_groups, self.d_in).transpose(0, 1)  # [G, N, d_in]
+        out = torch.bmm(flat, self.weight).transpose(0, 1)  # [N, G, d_out]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*lead, self.n_groups, self.d_out)
+
+    def extra_repr(self) -> str:
+        return f"n_groups={self.n_groups}, d_in={self.d_in}, d_out={self.d_out}, bias={self.bias is not None}"
+
+
+class GroupLayerNorm(nn.Module):
+    """LayerNorm of each mechanism's slice separately, with per-mechanism gain and bias: ``[..., G, d]``."""
+
+    def __init__(self, n_groups: int, d: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.d, self.eps = d, eps
+        self.weight = nn.Parameter(torch.ones(n_groups, d))
+        self.bias = nn.Parameter(torch.zeros(n_groups, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (self.d,), None, None, self.eps) * self.weight + self.bias

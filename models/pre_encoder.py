@@ -1,0 +1,73 @@
+"""Causal 1-D convolutional pre-encoder (replaces positional encoding, Lamb et al. 2021 appendix A.2).
+
+Conv1d 257 -> 1024 -> 512 -> 128 -> 256 over frames, kernel 3, each followed by LayerNorm over channels and
+LeakyReLU. All convolutions are causal except the first, which spends the model's whole lookahead
+(``lookahead_frames`` future frames, default 1 = one 16 ms hop, i.e. the "32 ms lookahead" of the paper).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class PreEncoderConfig:
+    n_bins: int = 257
+    channels: tuple[int, ...] = (1024, 512, 128, 256)
+    kernel_size: int = 3
+    lookahead_frames: int = 1
+    negative_slope: float = 0.01
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.lookahead_frames <= self.kernel_size - 1:
+            raise ValueError(f"lookahead_frames must be in [0, kernel_size - 1 = {self.kernel_size - 1}]")
+
+    @property
+    def d_model(self) -> int:
+        return self.channels[-1]
+
+    def padding(self, layer: int) -> tuple[int, int]:
+        """(past, future) frames of zero padding of conv ``layer``; layer 0 spends the lookahead."""
+        future = self.lookahead_frames if layer == 0 else 0
+        return self.kernel_size - 1 - future, future
+
+    @property
+    def past_frames(self) -> int:
+        """How many past frames one output frame depends on (receptive field, past side)."""
+        return sum(self.padding(i)[0] for i in range(len(self.channels)))
+
+
+class ConvBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, kernel_size: int, pad: tuple[int, int], slope: float) -> None:
+        super().__init__()
+        self.pad = pad
+        self.conv = nn.Conv1d(c_in, c_out, kernel_size)
+        self.norm = nn.LayerNorm(c_out)
+        self.act = nn.LeakyReLU(slope)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [B, C_in, T] -> [B, C_out, T]
+        y = self.conv(F.pad(x, self.pad))
+        y = self.norm(y.transpose(1, 2)).transpose(1, 2)  # LayerNorm over channels, per frame
+        return self.act(y)
+
+
+class PreEncoder(nn.Module):
+    def __init__(self, cfg: PreEncoderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        dims = (cfg.n_bins, *cfg.channels)
+        self.blocks = nn.ModuleList(
+            ConvBlock(dims[i], dims[i + 1], cfg.kernel_size, cfg.padding(i), cfg.negative_slope)
+            for i in range(len(cfg.channels))
+        )
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        x = feats.transpose(1, 2)  # [B, T, F] -> [B, F, T]
+        for block in self.blocks:
+            x = block(x)
+        return x.transpose(1, 2)  # [B, T, d_model]

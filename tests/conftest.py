@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def speech_like(seconds: float, rate: int = 16000, seed: int = 0, f0: float = 140.0) -> np.ndarray:
+    """A voiced, syllable-modulated harmonic signal (a stand-in for speech made by the tests)."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * rate)) / rate
+    pitch = f0 * (1 + 0.1 * np.sin(2 * np.pi * 0.7 * t))
+    phase = 2 * np.pi * np.cumsum(pitch) / rate
+    voiced = sum(np.sin(k * phase + rng.uniform(0, 6.28)) / k for k in range(1, 12))
+    envelope = np.clip(np.sin(2 * np.pi * 3.0 * t + rng.uniform(0, 6.28)), 0, None) ** 2
+    return (0.1 * voiced * envelope).astype(np.float32)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)

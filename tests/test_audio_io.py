@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from enhance.audio_io import AudioError, load_audio, resample, save_audio
+from enhance.offline import enhance_audio, enhance_waveform
+from models import Enhancer, get_config
+from tests.conftest import speech_like
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Enhancer:
+    torch.manual_seed(0)
+    return Enhancer(get_config("tiny")).eval()
+
+
+@pytest.mark.parametrize(
+    "subtype,fmt,suffix", [("PCM_16", "WAV", ".wav"), ("PCM_24", "FLAC", ".flac"), ("FLOAT", "WAV", ".wav")]
+)
+def test_load_save_keeps_rate_channels_and_samples(
+    tmp_path: Path, subtype: str, fmt: str, suffix: str
+) -> None:
+    wav = np.stack([speech_like(0.5, 22050, seed=1), speech_like(0.5, 22050, seed=2)])
+    path = tmp_path / f"a{suffix}"
+    save_audio(path, wav, 22050, subtype=subtype)
+    back, info = load_audio(path)
+    assert (info.sample_rate, info.channels, info.frames, info.format, info.subtype) == (
+        22050,
+        2,
+        wav.shape[1],
+        fmt,
+        subtype,
+    )
+    assert np.abs(back - wav).max() < 1e-4
+    assert stat.S_IMODE(path.stat().st_mode) & 0o044  # readable by others like a normally created file
+
+
+def test_bad_inputs_have_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(AudioError, match="no such file"):
+        load_audio(tmp_path / "missing.wav")
+    (tmp_path / "empty.wav").write_bytes(b"")
+    with pytest.raises(AudioError, match="empty file"):
+        load_audio(tmp_path / "empty.wav")
+    (tmp_path / "junk.wav").write_bytes(b"RIFF....garbage" * 10)
+    with pytest.raises(AudioError, match="not a readable audio file"):
+        load_audio(tmp_path / "junk.wav")
+    sf.write(tmp_path / "zero.wav", np.zeros((0, 1), np.float32), 16000)
+    with pytest.raises(AudioError, match="no samples"):
+        load_audio(tmp_path / "zero.wav")
+    nan = speech_like(0.1)
+    nan[10] = np.nan
+    sf.write(tmp_path / "nan.wav", nan, 16000, subtype="FLOAT")
+    with pytest.raises(AudioError, match="NaN"):
+        load_audio(tmp_path / "nan.wav")
+    with pytest.raises(AudioError, match="cannot write"):
+        save_audio(tmp_path / "out.xyz", nan[None], 16000)
+    assert not (tmp_path / "out.xyz").exists()
+
+
+def test_resample_round_trip_is_close() -> None:
+    x = speech_like(1.0, 16000)[None]
+    y = resample(resample(x, 16000, 44100), 44100, 16000)
+    n = min(x.shape[1], y.shape[1])
+    err = np.abs(x[:, 100 : n - 100] - y[:, 100 : n - 100]).max()
+    assert err < 1e-2 * np.abs(x).max()
+
+
+@pytest.mark.parametrize("n", [1, 2, 255, 257, 4001, 16001])
+def test_enhancer_keeps_length(tiny: Enhancer, n: int) -> None:
+    out = enhance_waveform(tiny, np.random.default_rng(0).standard_normal((2, n)).astype(np.float32) * 0.1)
+    assert out.wav.shape == (2, n)
+    assert np.isfinite(out.wav).all()
+
+
+def test_enhancer_refuses_empty_and_nan(tiny: Enhancer) -> None:
+    with pytest.raises(AudioError, match="no samples"):
+        enhance_waveform(tiny, np.zeros((1, 0), np.float32))
+    bad = np.zeros((1, 100), np.float32)
+    bad[0, 5] = np.inf
+    with pytest.raises(AudioError, match="NaN or infinite"):
+        enhance_waveform(tiny, bad)
+
+
+def test_channels_are_enhanced_independently(tiny: Enhancer) -> None:
+    a, b = speech_like(0.4, seed=1), speech_like(0.4, seed=2)
+    both = enhance_waveform(tiny, np.stack([a, b])).wav
+    alone = enhance_waveform(tiny, a[None]).wav
+    assert np.allclose(both[0], alone[0], atol=1e-5)
+
+
+def test_any_rate_comes_back_at_its_rate_and_length(tiny: Enhancer) -> None:
+    x = speech_like(0.7, 44100)[None]
+    out = enhance_audio(tiny, x, 44100, return_competition=True)
+    assert out.wav.shape == x.shape
+    assert out.competition is not None and out.competition[0].shape[-1] == 2

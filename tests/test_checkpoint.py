@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+
+from models import CheckpointError, Enhancer, get_config, load_checkpoint, save_checkpoint
+from models.config_io import from_dict, to_dict
+from models.enhancer import EnhancerConfig
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-transformer", "tiny-nocomp", "tiny-tim4", "tim"])
+def test_config_dict_round_trip(name: str) -> None:
+    cfg = get_config(name)
+    assert from_dict(EnhancerConfig, json.loads(json.dumps(to_dict(cfg)))) == cfg
+
+
+def test_unknown_config_key_is_refused() -> None:
+    data = to_dict(get_config("tiny"))
+    data["pre_encoder"]["colour"] = "blue"
+    with pytest.raises(ValueError, match="colour"):
+        from_dict(EnhancerConfig, data)
+
+
+def test_round_trip_gives_identical_outputs(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Enhancer(get_config("tiny")).eval()
+    path = tmp_path / "m.safetensors"
+    save_checkpoint(path, model, "tiny", training={"epochs_done": 3, "val_loss": 0.5})
+    ck = load_checkpoint(path)
+    assert ck.name == "tiny" and ck.config == model.cfg
+    assert ck.training == {"epochs_done": 3, "val_loss": 0.5}
+    assert ck.versions["torch"] == torch.__version__
+    x = torch.rand(2, 20, 257) * 3
+    with torch.no_grad():
+        a = model(x, return_competition=True)
+        b = ck.model(x, return_competition=True)
+    assert torch.equal(a.log_mag, b.log_mag)
+    assert a.competition is not None and b.competition is not None
+    assert all(torch.equal(p, q) for p, q in zip(a.competition, b.competition, strict=True))
+    assert not [p for p in tmp_path.iterdir() if p.name != "m.safetensors"]  # no temp files left
+
+
+def _forge(path: Path, config_name: str, weights: dict[str, torch.Tensor]) -> None:
+    meta = {
+        "format": "tim-enhance-checkpoint/1",
+        "name": config_name,
+        "config": json.dumps(to_dict(get_config(config_name))),
+        "training": "{}",
+        "versions": "{}",
+    }
+    safetensors.torch.save_file(weights, str(path), metadata=meta)
+
+
+def test_mismatched_weights_are_refused_naming_the_key(tmp_path: Path) -> None:
+    weights = Enhancer(get_config("tiny")).state_dict()
+    path = tmp_path / "bad.safetensors"
+    # config says tiny-nocomp, weights carry the competition scorer: unexpected key
+    _forge(path, "tiny-nocomp", weights)
+    with pytest.raises(
+        CheckpointError, match=r"unexpected key\(s\) 'layers\.1\.score\.bias', 'layers\.1\.score\.weight'"
+    ):
+        load_checkpoint(path)
+    # a missing key
+    _forge(path, "tiny", {k: v for k, v in weights.items() if k != "head.bias"})
+    with pytest.raises(CheckpointError, match=r"missing key\(s\) 'head\.bias'"):
+        load_checkpoint(path)
+    # a shape mismatch: tiny-tim4 has 4 mechanisms
+    _forge(path, "tiny-tim4", weights)
+    with pytest.raises(CheckpointError, match=r"shape mismatch for 'layers\.1"):
+        load_checkpoint(path)
+
+
+def test_foreign_and_truncated_files_are_refused(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointError, match="not a safetensors checkpoint"):
+        load_checkpoint(junk)
+    good = tmp_path / "good.safetensors"
+    save_checkpoint(good, Enhancer(get_config("tiny")), "tiny")
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(good.read_bytes()[: os.path.getsize(good) // 2])
+    with pytest.raises(CheckpointError):
+        load_checkpoint(cut)
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        load_checkpoint(tmp_path / "absent.safetensors")
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "m.safetensors"
+    model = Enhancer(get_config("tiny"))
+    save_checkpoint(path, model, "tiny")
+    before = path.read_bytes()
+
+    def explode(tensors, filename, metadata=None):  # a save that dies half-way through writing
+        Path(filename).write_bytes(b"half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", explode)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(path, model, "tiny")
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["m.safetensors"]
