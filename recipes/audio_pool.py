@@ -1,0 +1,118 @@
+"""A checked set of audio files for dynamic mixing.
+
+Scanning reads every file's header (and, for short files, its samples) and sets aside, with the path and the
+reason, every file that is corrupt, at the wrong sample rate, too short or digitally silent; a run reports them
+and goes on. Files are decoded on demand (``read``) or kept in memory when the pool is small enough.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+log = logging.getLogger(__name__)
+
+AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".mp3", ".aiff", ".aif", ".au"}
+
+
+@dataclass(frozen=True)
+class Skipped:
+    path: str
+    reason: str
+
+
+@dataclass
+class AudioPool:
+    paths: list[str]
+    frames: list[int]  # length of each file in samples
+    sample_rate: int
+    skipped: list[Skipped] = field(default_factory=list)
+    _cache: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+
+    @property
+    def total_seconds(self) -> float:
+        return float(sum(self.frames)) / self.sample_rate
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def subset(self, paths: list[str]) -> AudioPool:
+        """A pool of the given paths (which must be in this pool), in the given order."""
+        where = {p: i for i, p in enumerate(self.paths)}
+        return AudioPool(list(paths), [self.frames[where[p]] for p in paths], self.sample_rate)
+
+    def read(self, index: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Mono float32 samples ``[start, stop)`` of file ``index`` (channels averaged)."""
+        if index in self._cache:
+            return self._cache[index][start:stop]
+        data, _ = sf.read(self.paths[index], start=start, stop=stop, dtype="float32", always_2d=True)
+        return data.mean(axis=1)
+
+    def preload(self, max_bytes: int = 2 << 30) -> bool:
+        """Decode every file into memory if the whole pool fits in ``max_bytes`` (float32)."""
+        if sum(self.frames) * 4 > max_bytes:
+            return False
+        for i in range(len(self.paths)):
+            if i not in self._cache:
+                self._cache[i] = self.read(i)
+        return True
+
+
+def list_audio(roots: Iterable[str | os.PathLike[str]]) -> list[str]:
+    """Audio files below the given folders (recursively), in a stable sorted order."""
+    found: list[str] = []
+    for root in roots:
+        p = Path(root)
+        if p.is_file():
+            found.append(str(p))
+            continue
+        if not p.is_dir():
+            raise FileNotFoundError(f"{p}: no such folder")
+        found.extend(str(f) for f in p.rglob("*") if f.suffix.lower() in AUDIO_SUFFIXES and f.is_file())
+    return sorted(found)
+
+
+def scan(
+    paths: Iterable[str], sample_rate: int = 16000, min_seconds: float = 0.5, silence_peak: float = 1e-4
+) -> AudioPool:
+    """Check files and keep the usable ones; every other file is listed in ``pool.skipped`` with the reason."""
+    pool = AudioPool([], [], sample_rate)
+    min_frames = int(min_seconds * sample_rate)
+    for path in paths:
+        reason = _problem(path, sample_rate, min_frames, silence_peak)
+        if reason is None:
+            pool.paths.append(path)
+            pool.frames.append(sf.info(path).frames)
+        else:
+            pool.skipped.append(Skipped(path, reason))
+            log.warning("skipping %s: %s", path, reason)
+    return pool
+
+
+def _problem(path: str, sample_rate: int, min_frames: int, silence_peak: float) -> str | None:
+    try:
+        info = sf.info(path)
+    except Exception as exc:  # libsndfile raises several types on foreign or truncated files
+        return f"unreadable ({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})"
+    if info.samplerate != sample_rate:
+        return f"sample rate {info.samplerate} Hz, expected {sample_rate} Hz (resample the corpus first)"
+    if info.frames < min_frames:
+        return f"too short ({info.frames / sample_rate:.2f} s < {min_frames / sample_rate:.2f} s)"
+    try:
+        peak = 0.0
+        with sf.SoundFile(path) as f:
+            for block in f.blocks(blocksize=1 << 16, dtype="float32", always_2d=True):
+                if not np.isfinite(block).all():
+                    return "contains NaN or infinite samples"
+                peak = max(peak, float(np.abs(block).max(initial=0.0)))
+    except Exception as exc:
+        return f"corrupt data ({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})"
+    if peak < silence_peak:
+        return f"silent (peak {peak:.1e})"
+    return None

@@ -1,0 +1,229 @@
+"""Training and validation data of every recipe, built from a :class:`DataConfig`.
+
+* ``folders``: any folder(s) of clean speech + any folder(s) of noise, dynamic mixing; validation on a folder of
+  noisy/clean pairs (``val_pairs``, e.g. the shared dev set) or on fixed mixes of held-out files.
+* ``dns``: the DNS Challenge (Interspeech 2020) tree, ``datasets/clean`` + ``datasets/noise`` mixed on the fly at
+  SNR uniform in [0, 40] dB; validation on fixed mixes of held-out clean and noise files (never the test set).
+* ``voicebank``: VoiceBank-DEMAND ``{clean,noisy}_trainset_{28,56}spk_wav``, resampled 48 -> 16 kHz once into a
+  cache; validation on two training speakers held out of training (never the test set).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import torch
+
+from enhance.audio_io import AudioError, atomic_path, load_audio, resample
+from recipes.audio_pool import AudioPool, Skipped, list_audio, scan
+from recipes.mixing import MixingConfig, MixingDataset, mix
+from recipes.paired import PairedDataset
+
+log = logging.getLogger(__name__)
+
+RECIPES = ("folders", "dns", "voicebank")
+VOICEBANK_VAL_SPEAKERS = ("p226", "p287")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    recipe: str = "folders"
+    root: str | None = None  # DNS-Challenge or VoiceBank-DEMAND folder
+    speech: tuple[str, ...] = ()  # folders recipe
+    noise: tuple[str, ...] = ()  # folders recipe
+    val_pairs: str | None = None  # a folder of noisy/clean pairs (layouts of recipes.pairs)
+    val_holdout: float = 0.05  # fraction of files held out for validation mixes when there are no val_pairs
+    val_examples: int = 64
+    voicebank_trainset: str = "28spk"
+    voicebank_val_speakers: tuple[str, ...] = VOICEBANK_VAL_SPEAKERS
+    cache_dir: str | None = None  # where VoiceBank is resampled to 16 kHz (default ~/.cache/tim-enhance)
+    min_seconds: float = 0.5
+    mixing: MixingConfig = field(default_factory=MixingConfig)
+
+    def __post_init__(self) -> None:
+        if self.recipe not in RECIPES:
+            raise ValueError(f"unknown recipe '{self.recipe}'; known: {', '.join(RECIPES)}")
+
+
+@dataclass
+class ValPair:
+    name: str
+    noisy: np.ndarray  # [samples] float32, 16 kHz
+    clean: np.ndarray
+
+
+@dataclass
+class RecipeData:
+    train: MixingDataset | PairedDataset
+    val: list[ValPair]
+    skipped: list[Skipped]
+    description: str
+
+
+def build(cfg: DataConfig, seed: int) -> RecipeData:
+    if cfg.recipe == "folders":
+        return _folders(cfg, seed)
+    if cfg.recipe == "dns":
+        if cfg.root is None:
+            raise ValueError("the dns recipe needs root (the DNS-Challenge folder)")
+        root = Path(cfg.root)
+        return _mixing(
+            cfg, seed, [str(root / "datasets" / "clean")], [str(root / "datasets" / "noise")], None
+        )
+    return _voicebank(cfg, seed)
+
+
+def _folders(cfg: DataConfig, seed: int) -> RecipeData:
+    if not cfg.speech or not cfg.noise:
+        raise ValueError("the folders recipe needs speech and noise folders")
+    return _mixing(cfg, seed, list(cfg.speech), list(cfg.noise), cfg.val_pairs)
+
+
+def _mixing(
+    cfg: DataConfig, seed: int, speech_dirs: list[str], noise_dirs: list[str], val_pairs: str | None
+) -> RecipeData:
+    rate = cfg.mixing.sample_rate
+    speech = scan(list_audio(speech_dirs), rate, cfg.min_seconds)
+    noise = scan(list_audio(noise_dirs), rate, cfg.min_seconds)
+    skipped = speech.skipped + noise.skipped
+    if val_pairs is not None:
+        val, bad = load_val_pairs(val_pairs)
+        skipped += bad
+        train_speech, train_noise = speech, noise
+    else:
+        train_speech, val_speech = split_pool(speech, cfg.val_holdout, seed)
+        train_noise, val_noise = split_pool(noise, cfg.val_holdout, seed)
+        val = fixed_mixes(val_speech, val_noise, cfg.mixing, cfg.val_examples, seed)
+    train = MixingDataset(train_speech, train_noise, cfg.mixing, seed)
+    desc = (
+        f"{len(train_speech)} speech files ({train_speech.total_seconds / 60:.1f} min), "
+        f"{len(train_noise)} noise files ({train_noise.total_seconds / 60:.1f} min), "
+        f"{len(val)} validation pairs, {len(skipped)} files skipped"
+    )
+    return RecipeData(train, val, skipped, desc)
+
+
+def split_pool(pool: AudioPool, fraction: float, seed: int) -> tuple[AudioPool, AudioPool]:
+    """Hold out ``fraction`` of the files (at least one, seeded) for validation."""
+    n_val = max(1, round(len(pool) * fraction))
+    if len(pool) < 2:
+        raise ValueError(f"need at least 2 usable files to hold one out for validation, got {len(pool)}")
+    order = np.random.default_rng([seed, 99]).permutation(len(pool))
+    val_idx, train_idx = sorted(order[:n_val]), sorted(order[n_val:])
+
+    return pool.subset([pool.paths[i] for i in train_idx]), pool.subset([pool.paths[i] for i in val_idx])
+
+
+def fixed_mixes(
+    speech: AudioPool, noise: AudioPool, mixing: MixingConfig, n: int, seed: int
+) -> list[ValPair]:
+    """A fixed validation set: ``n`` segments of held-out speech mixed with held-out noise (own seed)."""
+    ds = MixingDataset(speech, noise, mixing, seed=seed + 7919)
+    out = []
+    for i in range(min(n, len(ds))):
+        noisy, clean = ds[(0, i)]
+        out.append(ValPair(f"val_{i:04d}", noisy.numpy(), clean.numpy()))
+    return out
+
+
+def load_val_pairs(root: str) -> tuple[list[ValPair], list[Skipped]]:
+    """Validation pairs from a folder layout known to :mod:`recipes.pairs` (16 kHz mono after loading)."""
+    from recipes.pairs import find_pairs
+
+    out: list[ValPair] = []
+    bad: list[Skipped] = []
+    for pair in find_pairs(root):
+        try:
+            noisy, info_n = load_audio(pair.noisy_path)
+            clean, info_c = load_audio(pair.clean_path)
+        except AudioError as exc:
+            bad.append(Skipped(str(pair.noisy_path), str(exc)))
+            continue
+        noisy = resample(noisy, info_n.sample_rate, 16000)[0]
+        clean = resample(clean, info_c.sample_rate, 16000)[0]
+        n = min(len(noisy), len(clean))
+        out.append(ValPair(pair.name, noisy[:n], clean[:n]))
+    if not out:
+        raise ValueError(f"{root}: no usable validation pairs")
+    return out, bad
+
+
+def _voicebank(cfg: DataConfig, seed: int) -> RecipeData:
+    if cfg.root is None:
+        raise ValueError("the voicebank recipe needs root (the VoiceBank-DEMAND folder)")
+    root = Path(cfg.root)
+    tag = cfg.voicebank_trainset
+    clean_dir, noisy_dir = root / f"clean_trainset_{tag}_wav", root / f"noisy_trainset_{tag}_wav"
+    for d in (clean_dir, noisy_dir):
+        if not d.is_dir():
+            raise FileNotFoundError(f"{d}: missing (expected the VoiceBank-DEMAND layout)")
+    cache = Path(cfg.cache_dir or Path.home() / ".cache" / "tim-enhance") / (
+        "voicebank16k-" + hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:10]
+    )
+    names = sorted(p.name for p in clean_dir.glob("*.wav"))
+    skipped: list[Skipped] = []
+    pairs: list[tuple[str, str, str]] = []  # (name, noisy16, clean16)
+    for name in names:
+        if not (noisy_dir / name).is_file():
+            skipped.append(Skipped(str(clean_dir / name), "no noisy twin"))
+            continue
+        try:
+            c16 = cache_16k(clean_dir / name, cache / "clean" / name)
+            n16 = cache_16k(noisy_dir / name, cache / "noisy" / name)
+        except AudioError as exc:
+            skipped.append(Skipped(str(clean_dir / name), str(exc)))
+            continue
+        pairs.append((name, n16, c16))
+    speakers = sorted({n.split("_")[0] for n, _, _ in pairs})
+    val_speakers = [s for s in cfg.voicebank_val_speakers if s in speakers] or speakers[-2:]
+    if len(val_speakers) >= len(speakers):
+        raise ValueError(f"need more speakers than the {len(val_speakers)} held out for validation")
+    train_pairs = [p for p in pairs if p[0].split("_")[0] not in val_speakers]
+    val_pairs = [p for p in pairs if p[0].split("_")[0] in val_speakers]
+    noisy_pool = scan([p[1] for p in train_pairs], 16000, cfg.min_seconds)
+    clean_pool = scan([p[2] for p in train_pairs], 16000, cfg.min_seconds)
+    skipped += noisy_pool.skipped + clean_pool.skipped
+    good_noisy, good_clean = set(noisy_pool.paths), set(clean_pool.paths)
+    keep = [p for p in train_pairs if p[1] in good_noisy and p[2] in good_clean]
+    noisy_pool = noisy_pool.subset([p[1] for p in keep])
+    clean_pool = clean_pool.subset([p[2] for p in keep])
+    train = PairedDataset(noisy_pool, clean_pool, cfg.mixing.segment_samples, seed)
+    val = []
+    for name, n16, c16 in val_pairs:
+        noisy, _ = sf.read(n16, dtype="float32")
+        clean, _ = sf.read(c16, dtype="float32")
+        m = min(len(noisy), len(clean))
+        val.append(ValPair(name, noisy[:m], clean[:m]))
+    desc = (
+        f"VoiceBank-DEMAND {tag}: {len(keep)} training pairs, {len(val)} validation pairs "
+        f"(speakers {', '.join(val_speakers)}), {len(skipped)} files skipped"
+    )
+    return RecipeData(train, val, skipped, desc)
+
+
+def cache_16k(src: Path, dst: Path) -> str:
+    """Resample ``src`` to a 16 kHz mono float WAV at ``dst`` once (atomic); later calls reuse it."""
+    if dst.is_file():
+        return str(dst)
+    wav, info = load_audio(src)
+    mono = resample(wav, info.sample_rate, 16000).mean(axis=0)
+    with atomic_path(dst) as tmp:
+        sf.write(tmp, mono, 16000, format="WAV", subtype="FLOAT")
+    return str(dst)
+
+
+def collate(items: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.stack([a for a, _ in items]), torch.stack([b for _, b in items])
+
+
+def describe_skipped(skipped: list[Skipped]) -> str:
+    return os.linesep.join(f"  {s.path}: {s.reason}" for s in skipped)
+
+
+__all__ = ["DataConfig", "RecipeData", "ValPair", "build", "collate", "mix"]

@@ -1,0 +1,284 @@
+"""Evaluate a model on a paired test set: PESQ, STOI, SI-SDR and DNSMOS of the noisy input and the enhanced output.
+
+    python -m recipes.evaluate --checkpoint runs/tim/best.safetensors --pairs ../shared/data --out runs/tim/eval
+
+Each pair's noisy file is read (channel 0 of a multichannel file, resampled to 16 kHz if needed), enhanced with
+:func:`enhance.offline.enhance_waveform`, and both the noisy input and the enhanced output are scored against the
+clean file (cut to the shorter length). Files that cannot be read are skipped with their reason. Written to
+``--out`` (each file atomically): ``per_file.csv``, ``summary.csv``, ``summary.md`` and ``summary.json``. The
+summary has one row per system (noisy, then enhanced): each metric's mean over the files where it is finite,
+``n_files`` (files scored) and ``n_failed`` (files where any computed metric was NaN).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from enhance.audio_io import MODEL_RATE, atomic_path, load_audio, resample
+from enhance.errors import EnhanceError
+from enhance.offline import enhance_waveform
+from models import CheckpointError, Enhancer, get_config, load_checkpoint
+from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics
+from recipes.pairs import Pair, discover_pairs
+
+SYSTEMS = ("noisy", "enhanced")
+DNSMOS_KEYS = ("dnsmos_sig", "dnsmos_bak", "dnsmos_ovrl")
+SUMMARY_COLUMNS = ("system", *METRIC_KEYS, "n_files", "n_failed")
+_DECIMALS = {"pesq": 3, "stoi": 3, "si_sdr": 2, "dnsmos_sig": 3, "dnsmos_bak": 3, "dnsmos_ovrl": 3}
+
+Log = Callable[[str], None]
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def load_mono_16k(path: str | os.PathLike[str]) -> tuple[np.ndarray, int, int]:
+    """Channel 0 of an audio file at 16 kHz as float32 ``[samples]``, with the file's rate and channel count.
+
+    Raises :class:`enhance.errors.AudioError` for unreadable, empty or non-finite files.
+    """
+    wav, info = load_audio(path)
+    mono = resample(wav[:1], info.sample_rate, MODEL_RATE)
+    return mono[0], info.sample_rate, info.channels
+
+
+def _scorer(dnsmos: bool | DNSMOS) -> DNSMOS | None:
+    if isinstance(dnsmos, DNSMOS):
+        return dnsmos
+    return DNSMOS() if dnsmos else None
+
+
+def score_pair(
+    model: Enhancer, pair: Pair, scorer: DNSMOS | None
+) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
+    """Metrics of the noisy input and of the enhanced output of one pair, and what loading had to convert.
+
+    Raises :class:`enhance.errors.EnhanceError` when a file cannot be read or enhanced.
+    """
+    clean, clean_rate, clean_ch = load_mono_16k(pair.clean_path)
+    noisy, noisy_rate, noisy_ch = load_mono_16k(pair.noisy_path)
+    enhanced = enhance_waveform(model, noisy[np.newaxis, :]).wav[0]
+    scores = {
+        "noisy": compute_metrics(clean, noisy, scorer),
+        "enhanced": compute_metrics(clean, enhanced, scorer),
+    }
+    notes = {
+        "resampled": int(clean_rate != MODEL_RATE or noisy_rate != MODEL_RATE),
+        "multichannel": int(clean_ch > 1 or noisy_ch > 1),
+        "length_mismatch": int(len(clean) != len(noisy)),
+    }
+    return scores, notes
+
+
+def summarize(
+    rows: list[dict[str, Any]], metrics: Sequence[str] = METRIC_KEYS
+) -> dict[str, dict[str, float]]:
+    """Per system: mean of each metric over files where it is finite, ``n_files`` and ``n_failed``.
+
+    ``n_failed`` counts files where any of ``metrics`` (those actually computed) is NaN.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for system in SYSTEMS:
+        mine = [r for r in rows if r["system"] == system]
+        entry: dict[str, float] = {}
+        for key in METRIC_KEYS:
+            values = [float(r[key]) for r in mine if math.isfinite(float(r[key]))]
+            entry[key] = float(np.mean(values)) if values else math.nan
+        entry["n_files"] = len(mine)
+        entry["n_failed"] = sum(1 for r in mine if any(not math.isfinite(float(r[k])) for k in metrics))
+        out[system] = entry
+    return out
+
+
+def _csv_value(value: Any) -> str:
+    if isinstance(value, float):
+        return "nan" if not math.isfinite(value) else f"{value:.6f}"
+    return str(value)
+
+
+def write_csv(path: Path, columns: Sequence[str], rows: list[dict[str, Any]]) -> None:
+    """Write ``rows`` (dicts) as CSV atomically; NaN is written as ``nan``."""
+    buf = io.StringIO(newline="")
+    writer = csv.writer(buf)
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([_csv_value(row[c]) for c in columns])
+    write_text(path, buf.getvalue())
+
+
+def markdown_table(summary: dict[str, dict[str, float]]) -> str:
+    """The summary as a Markdown table (NaN shown as ``n/a``)."""
+    lines = ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "|".join("---" for _ in SUMMARY_COLUMNS) + "|"]
+    for system, entry in summary.items():
+        cells = [system]
+        for key in SUMMARY_COLUMNS[1:]:
+            v = entry[key]
+            if key in _DECIMALS:
+                cells.append(f"{v:.{_DECIMALS[key]}f}" if math.isfinite(v) else "n/a")
+            else:
+                cells.append(str(int(v)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN/inf floats become null (JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a report atomically, readable by everyone (the temp file would otherwise stay 0600)."""
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(text, encoding="utf-8", newline="")
+        os.chmod(tmp, 0o644)
+
+
+def write_outputs(out_dir: Path, rows: list[dict[str, Any]], result: dict[str, Any]) -> None:
+    """per_file.csv, summary.csv, summary.md and summary.json, each written atomically."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_csv(out_dir / "per_file.csv", ("name", "system", *METRIC_KEYS), rows)
+    summary_rows = [{"system": s, **entry} for s, entry in result["summary"].items()]
+    write_csv(out_dir / "summary.csv", SUMMARY_COLUMNS, summary_rows)
+    write_text(out_dir / "summary.md", markdown_table(result["summary"]))
+    write_text(out_dir / "summary.json", json.dumps(_json_safe(result), indent=2) + "\n")
+
+
+def evaluate(
+    model: Enhancer,
+    pairs: Sequence[Pair],
+    out_dir: str | os.PathLike[str],
+    dnsmos: bool | DNSMOS = True,
+    limit: int | None = None,
+    progress: bool | None = None,
+    log: Log | None = _stderr,
+) -> dict[str, Any]:
+    """Score ``pairs`` (the first ``limit`` of them) before and after enhancement and write the reports.
+
+    ``dnsmos`` may be a :class:`DNSMOS` instance to reuse its ONNX session across calls. ``progress`` defaults to
+    a tqdm bar when stderr is a terminal. Skipped files are passed to ``log``. The model is put in eval mode and
+    restored to its previous mode afterwards. Returns what ``summary.json`` holds, with NaN instead of null:
+    ``{"summary": {"noisy": {...}, "enhanced": {...}}, "skipped": [...], "n_pairs", "n_evaluated", ...}``.
+    """
+    selected = list(pairs)[:limit] if limit is not None else list(pairs)
+    scorer = _scorer(dnsmos)
+    show = sys.stderr.isatty() if progress is None else progress
+    rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, str]] = []
+    notes = {"resampled": 0, "multichannel": 0, "length_mismatch": 0}
+    start = time.perf_counter()
+    was_training = model.training
+    model.eval()
+    try:
+        for pair in tqdm(selected, desc="evaluate", unit="file", disable=not show, file=sys.stderr):
+            try:
+                scores, file_notes = score_pair(model, pair, scorer)
+            except EnhanceError as exc:
+                skipped.append({"name": pair.name, "reason": str(exc)})
+                if log is not None:
+                    log(f"skipped {pair.name}: {exc}")
+                continue
+            rows.extend({"name": pair.name, "system": s, **scores[s]} for s in SYSTEMS)
+            notes = {k: notes[k] + file_notes[k] for k in notes}
+    finally:
+        model.train(was_training)
+    computed = METRIC_KEYS if scorer is not None else tuple(k for k in METRIC_KEYS if k not in DNSMOS_KEYS)
+    result: dict[str, Any] = {
+        "summary": summarize(rows, computed),
+        "n_pairs": len(selected),
+        "n_evaluated": len(rows) // len(SYSTEMS),
+        "skipped": skipped,
+        "dnsmos": scorer is not None,
+        "files_converted": notes,
+        "elapsed_s": round(time.perf_counter() - start, 3),
+    }
+    write_outputs(Path(out_dir), rows, result)
+    return result
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tim-evaluate",
+        description="Score noisy and enhanced audio of a paired test set (PESQ, STOI, ...).",
+    )
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--checkpoint", type=Path, help="trained model checkpoint (.safetensors)")
+    model.add_argument(
+        "--model-config", metavar="NAME", help="untrained model of this config (for tests only)"
+    )
+    parser.add_argument(
+        "--pairs", type=Path, required=True, help="test-set root (dev, DNS or VoiceBank layout)"
+    )
+    parser.add_argument(
+        "--out", type=Path, required=True, help="output folder for the CSV/Markdown/JSON reports"
+    )
+    parser.add_argument(
+        "--limit", type=_positive_int, help="evaluate only the first N pairs (sorted by name)"
+    )
+    parser.add_argument("--no-dnsmos", action="store_true", help="skip DNSMOS (its columns are left NaN)")
+    parser.add_argument("--device", default="cpu", help="torch device for the model (default: cpu)")
+    parser.add_argument("--seed", type=int, default=0, help="weight seed for --model-config (default: 0)")
+    return parser
+
+
+def load_model(args: argparse.Namespace) -> Enhancer:
+    """The model the arguments ask for, on ``args.device`` (raises CheckpointError / KeyError)."""
+    device = torch.device(args.device)
+    if args.checkpoint is not None:
+        model = load_checkpoint(args.checkpoint, map_location=device).model
+    else:
+        torch.manual_seed(args.seed)
+        model = Enhancer(get_config(args.model_config))
+    return model.to(device).eval()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns 0 on success, 1 if no file could be evaluated, 2 on bad input."""
+    args = build_parser().parse_args(argv)
+    try:
+        found = discover_pairs(args.pairs)
+        model = load_model(args)
+    except (ValueError, KeyError, CheckpointError, RuntimeError) as exc:
+        _stderr(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}")
+        return 2
+    for warning in found.warnings:
+        _stderr(f"warning: {warning}")
+    _stderr(f"{found.layout} layout: {len(found.pairs)} pairs under {found.root}")
+    result = evaluate(model, found.pairs, args.out, dnsmos=not args.no_dnsmos, limit=args.limit)
+    print(markdown_table(result["summary"]), end="")
+    _stderr(f"wrote {args.out}/per_file.csv, summary.csv, summary.md, summary.json")
+    if result["n_evaluated"] == 0:
+        _stderr("error: no file could be evaluated")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

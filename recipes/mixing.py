@@ -1,0 +1,111 @@
+"""Dynamic mixing: clean speech + noise at a random SNR, drawn anew every epoch, deterministic per seed.
+
+Example ``i`` of epoch ``e`` depends only on ``(seed, e, i)`` (its own ``numpy`` generator), so any worker count,
+any process rank and a resumed run produce the same batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from recipes.audio_pool import AudioPool
+
+
+@dataclass(frozen=True)
+class MixingConfig:
+    segment_seconds: float = 4.0
+    snr_db: tuple[float, float] = (0.0, 40.0)  # uniform (the paper's DNS setting)
+    level_dbfs: tuple[float, float] = (-35.0, -15.0)  # RMS of the noisy mixture, uniform
+    noise_prob: float = 1.0  # probability that an example has noise at all
+    sample_rate: int = 16000
+
+    @property
+    def segment_samples(self) -> int:
+        return round(self.segment_seconds * self.sample_rate)
+
+
+def segment_index(speech: AudioPool, segment: int) -> list[tuple[int, int]]:
+    """(file, start) of every segment-long window of the speech pool; one epoch visits each once.
+
+    A file shorter than a segment counts once; a longer one once per started segment.
+    """
+    index: list[tuple[int, int]] = []
+    for f, n in enumerate(speech.frames):
+        for start in range(0, max(n - segment // 4, 1), segment):
+            index.append((f, start))
+    return index
+
+
+class MixingDataset(torch.utils.data.Dataset):
+    """Noisy/clean segment pairs, ``[segment_samples]`` float32 each, from speech and noise pools."""
+
+    def __init__(self, speech: AudioPool, noise: AudioPool, cfg: MixingConfig, seed: int) -> None:
+        if len(speech) == 0:
+            raise ValueError("no usable speech files")
+        if len(noise) == 0:
+            raise ValueError("no usable noise files")
+        self.speech, self.noise, self.cfg, self.seed = speech, noise, cfg, seed
+        self.index = segment_index(speech, cfg.segment_samples)
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The shuffled example order of ``epoch``."""
+        return np.random.default_rng([self.seed, epoch, 0]).permutation(len(self.index))
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        epoch, i = key
+        rng = np.random.default_rng([self.seed, epoch, 1, i])
+        clean = self._speech(i, rng)
+        noisy = mix(clean, self._noise(rng), rng, self.cfg)
+        return torch.from_numpy(noisy[0]), torch.from_numpy(noisy[1])
+
+    def _speech(self, i: int, rng: np.random.Generator) -> np.ndarray:
+        n_seg = self.cfg.segment_samples
+        f, start = self.index[i]
+        n = self.speech.frames[f]
+        if n <= n_seg:  # short file: the whole file, at a random place in a zero segment
+            out = np.zeros(n_seg, np.float32)
+            at = int(rng.integers(0, n_seg - n + 1))
+            out[at : at + n] = self.speech.read(f)
+            return out
+        start = min(start + int(rng.integers(0, n_seg // 2)), n - n_seg)  # jitter within the file
+        return self.speech.read(f, start, start + n_seg).astype(np.float32)
+
+    def _noise(self, rng: np.random.Generator) -> np.ndarray:
+        n_seg = self.cfg.segment_samples
+        f = int(rng.integers(0, len(self.noise)))
+        n = self.noise.frames[f]
+        if n >= n_seg:
+            start = int(rng.integers(0, n - n_seg + 1))
+            return self.noise.read(f, start, start + n_seg)
+        reps = -(-n_seg // n) + 1  # tile short noise from a random phase
+        tiled = np.tile(self.noise.read(f), reps)
+        start = int(rng.integers(0, n))
+        return tiled[start : start + n_seg]
+
+
+def mix(
+    clean: np.ndarray, noise: np.ndarray, rng: np.random.Generator, cfg: MixingConfig
+) -> tuple[np.ndarray, np.ndarray]:
+    """(noisy, clean) at an SNR and level drawn from ``cfg``; clean and noisy get the same gain."""
+    eps = 1e-10
+    p_clean = float(np.mean(clean.astype(np.float64) ** 2))
+    p_noise = float(np.mean(noise.astype(np.float64) ** 2))
+    if rng.random() < cfg.noise_prob and p_noise > eps:
+        snr = rng.uniform(*cfg.snr_db)
+        noise = noise * np.sqrt(p_clean / (p_noise * 10 ** (snr / 10) + eps))
+    else:
+        noise = np.zeros_like(noise)
+    noisy = clean + noise
+    rms = float(np.sqrt(np.mean(noisy.astype(np.float64) ** 2)))
+    gain = 10 ** (rng.uniform(*cfg.level_dbfs) / 20) / (rms + eps)
+    peak = float(np.abs(noisy).max()) * gain
+    if peak > 0.99:
+        gain *= 0.99 / peak
+    return (noisy * gain).astype(np.float32), (clean * gain).astype(np.float32)

@@ -1,0 +1,78 @@
+"""A training run is a folder:
+
+    config.json        resolved configuration (everything needed to rerun it)
+    env.json           software versions, host, devices, world size, seed
+    metrics.csv        one row per epoch (train/val loss, lr, throughput)
+    skipped.txt        input files set aside, with the reason
+    best.safetensors   model checkpoint with the lowest validation loss (self-describing, models.checkpoint)
+    last.safetensors   latest model checkpoint
+    state.pt           everything --resume needs: model, optimizer, scheduler, RNG, epoch and step
+
+Every file is written to a temp file and renamed, so a killed run never leaves a torn file.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import platform
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from enhance.audio_io import atomic_path
+from models.checkpoint import software_versions
+
+
+def write_json(path: Path, data: Any) -> None:
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def environment(seed: int, world_size: int, device: str) -> dict[str, Any]:
+    env: dict[str, Any] = {
+        "versions": software_versions(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": device,
+        "world_size": world_size,
+        "seed": seed,
+    }
+    if torch.cuda.is_available():
+        env["cuda"] = {
+            "version": torch.version.cuda,
+            "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        }
+    return env
+
+
+def append_csv(path: Path, row: dict[str, Any]) -> None:
+    """Append one row (header written with the first); the whole file is rewritten atomically."""
+    old = path.read_text() if path.is_file() else ""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(row))
+    if not old:
+        writer.writeheader()
+    writer.writerow(row)
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(old + buf.getvalue())
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    return torch.load(path, map_location="cpu", weights_only=False)

@@ -1,0 +1,134 @@
+"""Training command: ``python -m recipes.train --config A.json [--config B.json ...] [flags] --out RUN_DIR``.
+
+Config files are merged in order (later wins), then flags override them. A config file holds
+``{"train": {...TrainConfig...}, "data": {...DataConfig...}}``, any part of it. Examples::
+
+    # the default model: TIM on the shared corpus, validated on its dev pairs
+    python -m recipes.train --config recipes/configs/shared.json --config recipes/configs/tim.json --out runs/tim
+    # the paper's rows on DNS
+    python -m recipes.train --config recipes/configs/dns.json --config recipes/configs/transformer.json \\
+        --root /data/DNS-Challenge --out runs/dns-transformer
+    # continue a killed run exactly where it stopped
+    python -m recipes.train --out runs/tim --resume
+    # several GPUs or nodes
+    torchrun --nproc_per_node 4 -m recipes.train --config ... --out runs/x
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from models.config_io import from_dict
+from recipes.trainer import RunConfig, Trainer
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tim-train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--config", action="append", default=[], help="JSON config file (repeatable, merged in order)"
+    )
+    p.add_argument("--out", required=True, help="run folder")
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run in --out (its saved config is used)"
+    )
+    g = p.add_argument_group("overrides")
+    g.add_argument("--model", help="model config name (transformer, tim-nocomp, tim, tim4, tiny, ...)")
+    g.add_argument("--recipe", choices=["folders", "dns", "voicebank"])
+    g.add_argument("--root", help="DNS-Challenge or VoiceBank-DEMAND folder")
+    g.add_argument("--speech", action="append", help="clean speech folder (folders recipe, repeatable)")
+    g.add_argument("--noise", action="append", help="noise folder (folders recipe, repeatable)")
+    g.add_argument("--val-pairs", help="folder of noisy/clean validation pairs")
+    g.add_argument("--epochs", type=int)
+    g.add_argument("--batch-size", type=int)
+    g.add_argument("--lr", type=float)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--device")
+    g.add_argument("--num-workers", type=int)
+    g.add_argument("--threads", type=int)
+    g.add_argument("--max-steps-per-epoch", type=int)
+    g.add_argument("--segment-seconds", type=float)
+    return p
+
+
+def resolve(args: argparse.Namespace) -> RunConfig:
+    data: dict[str, Any] = {}
+    for path in args.config:
+        p = Path(path)
+        if not p.is_file() and (CONFIG_DIR / path).is_file():
+            p = CONFIG_DIR / path
+        data = merge(data, json.loads(p.read_text()))
+    flags = {
+        "train": {
+            "model": args.model,
+            "epochs": args.epochs,
+            "batch_size": args.batch_size,
+            "lr": args.lr,
+            "seed": args.seed,
+            "device": args.device,
+            "num_workers": args.num_workers,
+            "threads": args.threads,
+            "max_steps_per_epoch": args.max_steps_per_epoch,
+        },
+        "data": {
+            "recipe": args.recipe,
+            "root": args.root,
+            "speech": args.speech,
+            "noise": args.noise,
+            "val_pairs": args.val_pairs,
+            "mixing": {"segment_seconds": args.segment_seconds},
+        },
+    }
+    data = merge(data, _drop_none(flags))
+    return from_dict(RunConfig, data)
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            v = _drop_none(v)
+            if v:
+                out[k] = v
+        elif v is not None:
+            out[k] = v
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="[%(levelname)s] %(message)s")
+    try:
+        if args.resume:
+            saved = Path(args.out) / "config.json"
+            if not saved.is_file():
+                raise FileNotFoundError(f"{saved}: nothing to resume")
+            cfg = from_dict(RunConfig, json.loads(saved.read_text()))
+        else:
+            cfg = resolve(args)
+        result = Trainer(cfg, args.out, resume=args.resume).fit()
+    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as exc:
+        print(f"tim-train: error: {exc}", file=sys.stderr)
+        return 2
+    if result:
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

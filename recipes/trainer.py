@@ -1,0 +1,372 @@
+"""The one trainer of every recipe: Adam, MSE on log1p magnitudes, lr halved on validation plateaus.
+
+Exact resume: the data order of epoch e is a seeded permutation and every example depends only on
+``(seed, epoch, index)``; ``state.pt`` (saved every ``save_every_steps`` and at each epoch end) holds the model,
+optimizer, scheduler, RNG states and the position ``(epoch, step)``, so ``--resume`` runs the same next batch with
+the same optimizer state as the killed run would have.
+
+Distributed: under ``torchrun`` (``WORLD_SIZE > 1``) each of the W processes takes every W-th example of each
+global batch (so the global batch stays ``batch_size``), gradients are averaged by DDP, rank 0 validates and writes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from enhance.stft import log_magnitude, rebuild, stft
+from models.checkpoint import save_checkpoint
+from models.config_io import to_dict
+from models.enhancer import Enhancer
+from models.registry import get_config
+from recipes import run_folder
+from recipes.datasets import DataConfig, RecipeData, ValPair, build, collate, describe_skipped
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = "tim"
+    epochs: int = 50
+    batch_size: int = 16
+    lr: float = 2e-4
+    lr_patience: int = 5  # epochs without validation improvement before the lr is halved
+    lr_factor: float = 0.5
+    grad_clip: float = 5.0  # max global grad norm (not in the paper; a guard against rare spikes)
+    seed: int = 0
+    num_workers: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    amp: bool = True  # bf16 autocast on CUDA; ignored on CPU
+    save_every_steps: int = 25
+    log_every_steps: int = 10
+    max_steps_per_epoch: int | None = None  # for smoke tests and quick looks
+    threads: int | None = None  # torch intra-op threads on CPU (default: torch's choice)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+
+@dataclass
+class Position:
+    epoch: int = 0
+    step: int = 0  # next step within the epoch
+    global_step: int = 0
+    best_val: float = math.inf
+    best_epoch: int = -1
+    # running sums of the current epoch, so that a resumed epoch reports the same train loss
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    audio_seconds: float = 0.0
+    compute_seconds: float = 0.0
+
+
+class Distributed:
+    """Rank/world of this process; a no-op single process unless launched by torchrun."""
+
+    def __init__(self) -> None:
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.active = self.world > 1
+
+    def init(self, device: torch.device) -> None:
+        if self.active and not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def broadcast_float(self, value: float, device: torch.device) -> float:
+        if not self.active:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.broadcast(t, src=0)
+        return float(t.item())
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+
+def pick_device(name: str, local_rank: int) -> torch.device:
+    if name == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    if name == "cuda":
+        return torch.device(f"cuda:{local_rank}")
+    return torch.device(name)
+
+
+class EpochBatches:
+    """Batches of ``(epoch, index)`` keys for steps ``start .. n_steps-1`` of one epoch (this rank's share)."""
+
+    def __init__(
+        self, order: np.ndarray, epoch: int, batch: int, start: int, n_steps: int, rank: int, world: int
+    ):
+        self.order, self.epoch, self.batch = order, epoch, batch
+        self.start, self.n_steps, self.rank, self.world = start, n_steps, rank, world
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        for step in range(self.start, self.n_steps):
+            keys = self.order[step * self.batch : (step + 1) * self.batch][self.rank :: self.world]
+            yield [(self.epoch, int(i)) for i in keys]
+
+    def __len__(self) -> int:
+        return max(0, self.n_steps - self.start)
+
+
+def steps_per_epoch(n_examples: int, cfg: TrainConfig) -> int:
+    n = max(1, n_examples // cfg.batch_size)
+    return min(n, cfg.max_steps_per_epoch) if cfg.max_steps_per_epoch else n
+
+
+def loss_fn(model: torch.nn.Module, noisy: torch.Tensor, clean: torch.Tensor, amp: bool) -> torch.Tensor:
+    """MSE between predicted and clean log1p magnitudes (the paper's objective)."""
+    core = model.module if isinstance(model, DistributedDataParallel) else model
+    assert isinstance(core, Enhancer)
+    stft_cfg = core.cfg.stft
+    x = log_magnitude(stft(noisy, stft_cfg))
+    y = log_magnitude(stft(clean, stft_cfg))
+    with torch.autocast(device_type=noisy.device.type, dtype=torch.bfloat16, enabled=amp):
+        pred = model(x).log_mag
+    return F.mse_loss(pred.float(), y)
+
+
+@torch.no_grad()
+def validate(model: Enhancer, pairs: list[ValPair], device: torch.device) -> dict[str, float]:
+    """Mean per-file log-magnitude MSE and SI-SDR (dB, enhanced vs clean) over the validation pairs."""
+    was_training = model.training
+    model.eval()
+    losses, sdrs = [], []
+    for p in pairs:
+        noisy = torch.from_numpy(p.noisy).to(device).unsqueeze(0)
+        clean = torch.from_numpy(p.clean).to(device).unsqueeze(0)
+        spec = stft(noisy, model.cfg.stft)
+        pred = model(log_magnitude(spec)).log_mag
+        losses.append(F.mse_loss(pred, log_magnitude(stft(clean, model.cfg.stft))).item())
+        est = rebuild(pred, spec, model.cfg.stft, noisy.shape[-1])
+        sdrs.append(_si_sdr(clean[0].double(), est[0].double()))
+    model.train(was_training)
+    return {"val_loss": float(np.mean(losses)), "val_si_sdr": float(np.nanmean(sdrs)) if sdrs else math.nan}
+
+
+def _si_sdr(ref: torch.Tensor, est: torch.Tensor) -> float:
+    energy = float((ref * ref).sum())
+    if energy == 0:
+        return math.nan
+    target = (est * ref).sum() / energy * ref
+    noise = est - target
+    return float(10 * torch.log10((target * target).sum() / ((noise * noise).sum() + 1e-20) + 1e-20))
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, run_dir: str | os.PathLike[str], resume: bool = False) -> None:
+        self.cfg, self.run_dir, self.resume = cfg, Path(run_dir), resume
+        self.dist = Distributed()
+        self.device = pick_device(cfg.train.device, self.dist.local_rank)
+        self.dist.init(self.device)
+        if cfg.train.threads and self.device.type == "cpu":
+            torch.set_num_threads(cfg.train.threads)
+        self.amp = cfg.train.amp and self.device.type == "cuda"
+        if cfg.train.batch_size % self.dist.world:
+            raise ValueError(
+                f"batch_size {cfg.train.batch_size} must divide by the world size {self.dist.world}"
+            )
+
+        torch.manual_seed(cfg.train.seed)
+        self.model = Enhancer(get_config(cfg.train.model)).to(self.device)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.train.lr)
+        self.sched = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            self.opt, mode="min", factor=cfg.train.lr_factor, patience=cfg.train.lr_patience
+        )
+        self.pos = Position()
+        self._prepare_run_dir()
+        self.data: RecipeData = build(cfg.data, cfg.train.seed)
+        self.net: torch.nn.Module = (
+            DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
+            if self.dist.active
+            else self.model
+        )
+
+    # ----------------------------------------------------------------- run folder
+    def _prepare_run_dir(self) -> None:
+        state_path = self.run_dir / "state.pt"
+        config = to_dict(self.cfg)
+        if state_path.is_file():
+            if not self.resume:
+                raise FileExistsError(
+                    f"{self.run_dir} already holds a run; pass --resume or choose a new folder"
+                )
+            saved = run_folder.load_state(state_path)
+            if saved["config"] != config:
+                raise ValueError(
+                    f"{self.run_dir}: --resume with a different configuration than the run was started with"
+                )
+            self.model.load_state_dict(saved["model"])
+            self.opt.load_state_dict(saved["optimizer"])
+            self.sched.load_state_dict(saved["scheduler"])
+            self.pos = Position(**saved["position"])
+            torch.set_rng_state(saved["rng"]["torch"])
+            if torch.cuda.is_available() and saved["rng"].get("cuda") is not None:
+                torch.cuda.set_rng_state_all(saved["rng"]["cuda"])
+        elif self.resume:
+            raise FileNotFoundError(f"{state_path}: nothing to resume")
+        if self.dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            run_folder.write_json(self.run_dir / "config.json", config)
+            run_folder.write_json(
+                self.run_dir / "env.json",
+                run_folder.environment(self.cfg.train.seed, self.dist.world, str(self.device)),
+            )
+
+    def _save_state(self) -> None:
+        if not self.dist.is_main:
+            return
+        state = {
+            "config": to_dict(self.cfg),
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "position": self.pos.__dict__.copy(),
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            },
+        }
+        run_folder.save_state(self.run_dir / "state.pt", state)
+
+    def _training_meta(self, val: dict[str, float]) -> dict[str, Any]:
+        return {
+            "recipe": self.cfg.data.recipe,
+            "data": self.data.description,
+            "epochs_done": self.pos.epoch + 1,
+            "epochs_planned": self.cfg.train.epochs,
+            "global_step": self.pos.global_step,
+            "seed": self.cfg.train.seed,
+            **val,
+        }
+
+    # ----------------------------------------------------------------- loop
+    def fit(self) -> dict[str, Any]:
+        cfg = self.cfg.train
+        if self.dist.is_main:
+            print(
+                f"[train] {cfg.model}: {self.data.description}; device {self.device}, world {self.dist.world}",
+                flush=True,
+            )
+            if self.data.skipped:
+                (self.run_dir / "skipped.txt").write_text(describe_skipped(self.data.skipped) + "\n")
+                print(
+                    f"[train] skipped {len(self.data.skipped)} file(s), see {self.run_dir / 'skipped.txt'}",
+                    flush=True,
+                )
+        last: dict[str, Any] = {}
+        while self.pos.epoch < cfg.epochs:
+            last = self._epoch()
+        self.dist.barrier()
+        return last
+
+    def _epoch(self) -> dict[str, Any]:
+        cfg, pos, ds = self.cfg.train, self.pos, self.data.train
+        order = ds.order(pos.epoch)
+        n_steps = steps_per_epoch(len(order), cfg)
+        batches = EpochBatches(
+            order, pos.epoch, cfg.batch_size, pos.step, n_steps, self.dist.rank, self.dist.world
+        )
+        loader = torch.utils.data.DataLoader(
+            ds,
+            batch_sampler=batches,
+            collate_fn=collate,
+            num_workers=cfg.num_workers,
+        )
+        bar = _progress(len(batches), f"epoch {pos.epoch + 1}/{cfg.epochs}", self.dist.is_main)
+        self.net.train()
+        seg_seconds = self.cfg.data.mixing.segment_seconds
+        for noisy, clean in loader:
+            t0 = time.perf_counter()
+            loss = loss_fn(self.net, noisy.to(self.device), clean.to(self.device), self.amp)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.opt.step()
+            pos.compute_seconds += time.perf_counter() - t0
+            pos.loss_sum += float(loss.item())
+            pos.loss_count += 1
+            pos.audio_seconds += noisy.shape[0] * self.dist.world * seg_seconds
+            pos.step += 1
+            pos.global_step += 1
+            rate = pos.audio_seconds / max(pos.compute_seconds, 1e-9)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{pos.loss_sum / pos.loss_count:.4f}", audio_s_per_s=f"{rate:.1f}")
+            elif self.dist.is_main and pos.step % cfg.log_every_steps == 0:
+                print(
+                    f"[train] epoch {pos.epoch + 1} step {pos.step}/{n_steps} loss {pos.loss_sum / pos.loss_count:.4f}"
+                    f" ({rate:.1f} audio s/s)",
+                    flush=True,
+                )
+            if pos.step % cfg.save_every_steps == 0 and pos.step < n_steps:
+                self._save_state()
+        if bar is not None:
+            bar.close()
+        return self._end_epoch()
+
+    def _end_epoch(self) -> dict[str, Any]:
+        pos = self.pos
+        val = validate(self.model, self.data.val, self.device) if self.dist.is_main else {"val_loss": 0.0}
+        val_loss = self.dist.broadcast_float(val["val_loss"], self.device)
+        self.sched.step(val_loss)
+        row = {
+            "epoch": pos.epoch + 1,
+            "global_step": pos.global_step,
+            "train_loss": pos.loss_sum / max(pos.loss_count, 1),
+            "val_loss": val_loss,
+            "val_si_sdr": val.get("val_si_sdr", math.nan),
+            "lr": self.opt.param_groups[0]["lr"],
+            "audio_s_per_s": pos.audio_seconds / max(pos.compute_seconds, 1e-9),
+        }
+        improved = val_loss < pos.best_val
+        if improved:
+            pos.best_val, pos.best_epoch = val_loss, pos.epoch + 1
+        if self.dist.is_main:
+            meta = self._training_meta({k: float(v) for k, v in val.items()})
+            if improved:
+                save_checkpoint(self.run_dir / "best.safetensors", self.model, self.cfg.train.model, meta)
+            save_checkpoint(self.run_dir / "last.safetensors", self.model, self.cfg.train.model, meta)
+            run_folder.append_csv(self.run_dir / "metrics.csv", row)
+            print(
+                f"[train] epoch {row['epoch']}: train {row['train_loss']:.4f} val {val_loss:.4f} "
+                f"si-sdr {row['val_si_sdr']:.2f} dB lr {row['lr']:.2e}" + (" (best)" if improved else ""),
+                flush=True,
+            )
+        pos.epoch += 1
+        pos.step = 0
+        pos.loss_sum, pos.loss_count, pos.audio_seconds, pos.compute_seconds = 0.0, 0, 0.0, 0.0
+        self._save_state()
+        self.dist.barrier()
+        return row
+
+
+def _progress(total: int, desc: str, main: bool):  # -> tqdm | None
+    if not (main and sys.stderr.isatty()):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True)

@@ -1,0 +1,272 @@
+"""Pair discovery in the supported test-set layouts, and the evaluation command end to end."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from recipes.evaluate import SUMMARY_COLUMNS, evaluate, main
+from recipes.metrics import METRIC_KEYS
+from recipes.pairs import Pair, discover_pairs, dns_pairs, fileid_key, find_pairs
+
+FS = 16000
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def speech_like(seconds: float, seed: int = 0, fs: int = FS) -> np.ndarray:
+    """A voiced, syllable-modulated harmonic signal (gliding f0, 1/k harmonics), peak about 0.3."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * fs)) / fs
+    f0 = 130 + 25 * np.sin(2 * np.pi * 0.7 * t + rng.uniform(0, np.pi))
+    phase = 2 * np.pi * np.cumsum(f0) / fs
+    voiced = sum(np.sin(k * phase + rng.uniform(0, 2 * np.pi)) / k for k in range(1, 30))
+    x = voiced * np.clip(np.sin(2 * np.pi * 2.5 * t), 0, None) ** 2
+    return (0.3 * x / np.max(np.abs(x))).astype(np.float32)
+
+
+def noisy_version(x: np.ndarray, seed: int = 1, level: float = 0.03) -> np.ndarray:
+    return (x + level * np.random.default_rng(seed).standard_normal(len(x))).astype(np.float32)
+
+
+def write(path: Path, wav: np.ndarray, fs: int = FS) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(path, wav, fs)
+    return path
+
+
+def tiny_tone(seed: int = 0) -> np.ndarray:
+    return speech_like(0.05, seed)
+
+
+# --- pair discovery ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sub", ["dev", "."])
+def test_dev_layout_pairs_by_name(tmp_path: Path, sub: str) -> None:
+    folder = tmp_path / sub
+    for name in ("0002.flac", "0001.flac", "0010.flac"):
+        write(folder / "noisy" / name, tiny_tone())
+        write(folder / "clean" / name, tiny_tone())
+    write(folder / "noisy" / "0003.flac", tiny_tone())  # no clean partner
+    write(folder / "clean" / ".0001.flac", tiny_tone())  # hidden file: ignored
+    (folder / "clean" / "notes.txt").write_text("not audio")
+
+    found = discover_pairs(tmp_path)
+    assert found.layout == "dev"
+    assert [p.name for p in found.pairs] == ["0001", "0002", "0010"]
+    assert all(
+        p.noisy_path.parent.name == "noisy" and p.clean_path.parent.name == "clean" for p in found.pairs
+    )
+    assert all(p.noisy_path.name == p.clean_path.name for p in found.pairs)
+    assert len(found.warnings) == 1 and "0003.flac" in found.warnings[0]
+
+    warnings: list[str] = []
+    assert find_pairs(tmp_path, warnings) == found.pairs
+    assert warnings == found.warnings
+
+
+def make_dns(folder: Path, ids: list[int]) -> None:
+    for i in ids:
+        write(folder / "noisy" / f"clnsp{i}_fan_{i * 7}_snr{i % 20}_tl-25_fileid_{i}.wav", tiny_tone(i))
+        write(folder / "clean" / f"clean_fileid_{i}.wav", tiny_tone(i))
+
+
+@pytest.mark.parametrize("sub", ["test_set/synthetic/no_reverb", "."])
+def test_dns_layout_pairs_by_fileid(tmp_path: Path, sub: str) -> None:
+    folder = tmp_path / sub
+    make_dns(folder, [10, 2, 1])
+    write(folder / "clean" / "clean_fileid_99.wav", tiny_tone())  # unpaired clean file
+    found = discover_pairs(tmp_path)
+    assert found.layout == "dns"
+    assert [p.name for p in found.pairs] == ["fileid_1", "fileid_2", "fileid_10"]
+    for p in found.pairs:
+        assert fileid_key(p.noisy_path) == fileid_key(p.clean_path) == p.name
+        assert p.clean_path.name == f"clean_{p.name}.wav"
+    assert any("clean_fileid_99.wav" in w for w in found.warnings)
+
+
+def test_dns_layout_from_the_test_set_folder(tmp_path: Path) -> None:
+    make_dns(tmp_path / "test_set" / "synthetic" / "no_reverb", [5])
+    assert [p.name for p in dns_pairs(tmp_path / "test_set").pairs] == ["fileid_5"]
+
+
+def test_fileid_key() -> None:
+    assert fileid_key(Path("book_00012_chp_0009_reader_06709_2_fileid_012.wav")) == "fileid_12"
+    assert fileid_key(Path("clean_fileid_12.wav")) == "fileid_12"
+    assert fileid_key(Path("p232_001.wav")) is None
+
+
+def test_voicebank_layout_pairs_by_name(tmp_path: Path) -> None:
+    for name in ("p257_002.wav", "p232_001.wav"):
+        write(tmp_path / "noisy_testset_wav" / name, tiny_tone(), fs=48000)
+        write(tmp_path / "clean_testset_wav" / name, tiny_tone(), fs=48000)
+    write(tmp_path / "clean_testset_wav" / "p232_003.wav", tiny_tone(), fs=48000)
+    found = discover_pairs(tmp_path)
+    assert found.layout == "voicebank"
+    assert found.pairs == [
+        Pair(
+            "p232_001",
+            tmp_path / "noisy_testset_wav" / "p232_001.wav",
+            tmp_path / "clean_testset_wav" / "p232_001.wav",
+        ),
+        Pair(
+            "p257_002",
+            tmp_path / "noisy_testset_wav" / "p257_002.wav",
+            tmp_path / "clean_testset_wav" / "p257_002.wav",
+        ),
+    ]
+    assert any("p232_003.wav" in w for w in found.warnings)
+
+
+def test_no_known_layout_is_an_error(tmp_path: Path) -> None:
+    write(tmp_path / "audio" / "a.wav", tiny_tone())
+    with pytest.raises(ValueError, match="no known test-set layout"):
+        find_pairs(tmp_path)
+    with pytest.raises(ValueError, match="not a directory"):
+        find_pairs(tmp_path / "missing")
+
+
+def test_nothing_pairs_is_an_error(tmp_path: Path) -> None:
+    write(tmp_path / "dev" / "noisy" / "0001.flac", tiny_tone())
+    write(tmp_path / "dev" / "clean" / "0002.flac", tiny_tone())
+    with pytest.raises(ValueError, match=r"no noisy file pairs with a clean file \(1 noisy, 1 clean"):
+        find_pairs(tmp_path)
+
+
+def test_empty_voicebank_folders_are_an_error(tmp_path: Path) -> None:
+    (tmp_path / "noisy_testset_wav").mkdir()
+    (tmp_path / "clean_testset_wav").mkdir()
+    with pytest.raises(ValueError, match="voicebank layout"):
+        find_pairs(tmp_path)
+
+
+# --- evaluation --------------------------------------------------------------------------------------------
+
+
+def make_dev_set(root: Path, n: int, seconds: float, silent_clean: int | None = None) -> Path:
+    """``root/dev/{noisy,clean}/NNNN.flac`` with ``n`` generated pairs; one clean file may be all zeros."""
+    for i in range(n):
+        clean = speech_like(seconds, seed=i)
+        write(root / "dev" / "noisy" / f"{i:04d}.flac", noisy_version(clean, seed=100 + i))
+        if i == silent_clean:
+            clean = np.zeros_like(clean)
+        write(root / "dev" / "clean" / f"{i:04d}.flac", clean)
+    return root
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_evaluate_command_end_to_end(tmp_path: Path) -> None:
+    data = make_dev_set(tmp_path / "data", n=3, seconds=2.5, silent_clean=1)
+    out = tmp_path / "eval"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [
+        sys.executable,
+        "-m",
+        "recipes.evaluate",
+        "--model-config",
+        "tiny",
+        "--pairs",
+        str(data),
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+
+    for name in ("per_file.csv", "summary.csv", "summary.md", "summary.json"):
+        assert (out / name).is_file()
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temp files left behind
+
+    per_file = read_csv(out / "per_file.csv")
+    assert list(per_file[0]) == ["name", "system", *METRIC_KEYS]
+    assert [(r["name"], r["system"]) for r in per_file] == [
+        (f"{i:04d}", s) for i in range(3) for s in ("noisy", "enhanced")
+    ]
+    for r in per_file:
+        values = [float(r[k]) for k in METRIC_KEYS]
+        assert all(math.isfinite(v) for v in values[3:])  # DNSMOS scores the degraded signal only
+        assert all(math.isnan(v) for v in values[:3]) == (r["name"] == "0001")  # silent reference
+
+    summary = read_csv(out / "summary.csv")
+    assert tuple(summary[0]) == SUMMARY_COLUMNS
+    assert [r["system"] for r in summary] == ["noisy", "enhanced"]
+    for r in summary:
+        assert int(r["n_files"]) == 3
+        assert int(r["n_failed"]) == 1
+        assert all(math.isfinite(float(r[k])) for k in METRIC_KEYS)
+        assert 1.0 <= float(r["pesq"]) <= 4.7 and 0.0 <= float(r["stoi"]) <= 1.0
+        assert 1.0 <= float(r["dnsmos_ovrl"]) <= 5.0
+    # the noisy row's means are over the two finite files
+    noisy_pesq = [float(r["pesq"]) for r in per_file if r["system"] == "noisy" and r["name"] != "0001"]
+    assert float(summary[0]["pesq"]) == pytest.approx(np.mean(noisy_pesq), abs=1e-5)
+
+    js = json.loads((out / "summary.json").read_text())
+    assert list(js["summary"]) == ["noisy", "enhanced"]
+    assert js["n_pairs"] == js["n_evaluated"] == 3 and js["skipped"] == [] and js["dnsmos"] is True
+
+    md = (out / "summary.md").read_text()
+    assert md.splitlines()[0] == "| " + " | ".join(SUMMARY_COLUMNS) + " |"
+    assert "| noisy |" in md and "| enhanced |" in md
+    assert md in proc.stdout  # the table is printed
+
+
+def test_evaluate_function_converts_skips_and_limits(tmp_path: Path) -> None:
+    import torch
+
+    from models import Enhancer, get_config
+
+    data = make_dev_set(tmp_path / "data", n=2, seconds=1.5)
+    # a 48 kHz stereo noisy file is resampled and reduced to channel 0
+    clean = speech_like(1.5, seed=7, fs=48000)
+    stereo = np.stack([noisy_version(clean), np.zeros_like(clean)], axis=1)
+    write(data / "dev" / "noisy" / "0002.wav", stereo, fs=48000)
+    write(data / "dev" / "clean" / "0002.wav", clean, fs=48000)
+    # an unreadable file is skipped with its reason
+    write(data / "dev" / "clean" / "0003.wav", speech_like(1.0))
+    (data / "dev" / "noisy" / "0003.wav").write_bytes(b"RIFF not really a wav file")
+
+    torch.manual_seed(0)
+    model = Enhancer(get_config("tiny")).train()
+    pairs = find_pairs(data)
+    logged: list[str] = []
+    result = evaluate(model, pairs, tmp_path / "out", dnsmos=False, progress=False, log=logged.append)
+    assert model.training  # mode restored
+    assert result["n_pairs"] == 4 and result["n_evaluated"] == 3
+    assert [s["name"] for s in result["skipped"]] == ["0003"] and "0003" in logged[0]
+    assert result["files_converted"]["resampled"] == 1 and result["files_converted"]["multichannel"] == 1
+    for entry in result["summary"].values():
+        assert entry["n_files"] == 3 and entry["n_failed"] == 0  # disabled DNSMOS is not a failure
+        assert math.isnan(entry["dnsmos_ovrl"]) and math.isfinite(entry["pesq"])
+    assert (
+        json.loads((tmp_path / "out" / "summary.json").read_text())["summary"]["noisy"]["dnsmos_sig"] is None
+    )
+    # the resampled pair scores like a 16 kHz one: its noisy STOI is high
+    rows = [r for r in read_csv(tmp_path / "out" / "per_file.csv") if r["name"] == "0002"]
+    assert float(rows[0]["stoi"]) > 0.8
+
+    limited = evaluate(model, pairs, tmp_path / "out2", dnsmos=False, limit=1, progress=False, log=None)
+    assert limited["n_pairs"] == 1 and limited["summary"]["enhanced"]["n_files"] == 1
+
+
+def test_main_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--model-config", "tiny", "--out", str(tmp_path / "out"), "--no-dnsmos"]
+    assert main([*args, "--pairs", str(tmp_path)]) == 2
+    assert "no known test-set layout" in capsys.readouterr().err
+    data = make_dev_set(tmp_path / "data", n=1, seconds=0.5)
+    assert main(["--model-config", "no-such-model", "--pairs", str(data), "--out", str(tmp_path / "o")]) == 2
+    assert "unknown model config" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--pairs", str(data), "--out", str(tmp_path / "o")])  # neither --checkpoint nor --model-config
