@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,20 @@ def append_csv(path: Path, row: dict[str, Any]) -> None:
     writer.writerow(row)
     with atomic_path(path) as tmp:
         Path(tmp).write_text(old + buf.getvalue())
+
+
+def truncate_csv(path: Path, keep: Callable[[dict[str, str]], bool]) -> None:
+    """Drop the rows ``keep`` rejects (a run killed after logging an epoch but before saving its state)."""
+    rows = read_csv(path)
+    kept = [r for r in rows if keep(r)]
+    if len(kept) == len(rows):
+        return
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(kept)
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(buf.getvalue())
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:

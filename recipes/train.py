@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--speech", action="append", help="clean speech folder (folders recipe, repeatable)")
     g.add_argument("--noise", action="append", help="noise folder (folders recipe, repeatable)")
     g.add_argument("--val-pairs", help="folder of noisy/clean validation pairs")
+    g.add_argument(
+        "--cache-dir", help="where VoiceBank is resampled to 16 kHz once (default ~/.cache/tim-enhance)"
+    )
     g.add_argument("--epochs", type=int)
     g.add_argument("--batch-size", type=int)
     g.add_argument("--lr", type=float)
@@ -91,6 +95,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
             "speech": args.speech,
             "noise": args.noise,
             "val_pairs": args.val_pairs,
+            "cache_dir": args.cache_dir,
             "mixing": {"segment_seconds": args.segment_seconds},
         },
     }
@@ -125,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, FileExistsError, ValueError, KeyError) as exc:
         print(f"tim-train: error: {exc}", file=sys.stderr)
         return 2
-    if result:
+    if result and int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(result))
     return 0
 

@@ -91,6 +91,14 @@ class Distributed:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    def mean(self, value: float, device: torch.device) -> float:
+        """Mean of ``value`` over all processes (the global batch's loss from the per-rank losses)."""
+        if not self.active:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return float(t.item()) / self.world
+
     def broadcast_float(self, value: float, device: torch.device) -> float:
         if not self.active:
             return value
@@ -101,6 +109,10 @@ class Distributed:
     def barrier(self) -> None:
         if self.active:
             dist.barrier()
+
+
+def cfg_seed_for(seed: int, rank: int, step: int) -> int:
+    return (seed * 1_000_003 + rank * 7919 + step) % (2**63)
 
 
 def pick_device(name: str, local_rank: int) -> torch.device:
@@ -194,6 +206,9 @@ class Trainer:
             self.opt, mode="min", factor=cfg.train.lr_factor, patience=cfg.train.lr_patience
         )
         self.pos = Position()
+        torch.manual_seed(
+            cfg.train.seed + 1_000_003 * self.dist.rank
+        )  # per-rank dropout masks (weights: rank 0's)
         self._prepare_run_dir()
         self.data: RecipeData = build(cfg.data, cfg.train.seed)
         self.net: torch.nn.Module = (
@@ -222,7 +237,12 @@ class Trainer:
             self.opt.load_state_dict(saved["optimizer"])
             self.sched.load_state_dict(saved["scheduler"])
             self.pos = Position(**saved["position"])
-            torch.set_rng_state(saved["rng"]["torch"])
+            metrics = self.run_dir / "metrics.csv"
+            if self.dist.is_main and metrics.is_file():
+                run_folder.truncate_csv(metrics, lambda row: int(row["epoch"]) <= self.pos.epoch)
+            torch.set_rng_state(saved["rng"]["torch"])  # rank 0's; other ranks draw fresh masks:
+            if self.dist.rank > 0:
+                torch.manual_seed(cfg_seed_for(self.cfg.train.seed, self.dist.rank, self.pos.global_step))
             if torch.cuda.is_available() and saved["rng"].get("cuda") is not None:
                 torch.cuda.set_rng_state_all(saved["rng"]["cuda"])
         elif self.resume:
@@ -294,6 +314,9 @@ class Trainer:
             batch_sampler=batches,
             collate_fn=collate,
             num_workers=cfg.num_workers,
+            # its own generator: iterating a loader must not consume the global RNG (dropout), or a resumed
+            # run would draw different dropout masks than the run it continues
+            generator=torch.Generator().manual_seed(cfg.seed),
         )
         bar = _progress(len(batches), f"epoch {pos.epoch + 1}/{cfg.epochs}", self.dist.is_main)
         self.net.train()
@@ -307,7 +330,7 @@ class Trainer:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             self.opt.step()
             pos.compute_seconds += time.perf_counter() - t0
-            pos.loss_sum += float(loss.item())
+            pos.loss_sum += self.dist.mean(float(loss.item()), self.device)
             pos.loss_count += 1
             pos.audio_seconds += noisy.shape[0] * self.dist.world * seg_seconds
             pos.step += 1

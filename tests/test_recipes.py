@@ -1,0 +1,526 @@
+"""The training recipes end to end on tiny generated corpora: DNS, VoiceBank-DEMAND and folders + dev pairs.
+
+Every recipe trains the ``tiny`` model through the real command line (a subprocess), then its run folder,
+checkpoints and evaluation are checked. Further: a run killed with SIGKILL and resumed must end bit for bit where
+an uninterrupted run ends; used or empty run folders and changed configs are refused; two DDP processes (gloo on
+the CPU) must end where one process with the same global batch ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import safetensors.torch
+import soundfile as sf
+import torch
+from audio_trees import (
+    VB_RATE,
+    VB_TEST_SPEAKERS,
+    VB_TRAIN_SPEAKERS,
+    DNSTree,
+    FolderTree,
+    build_dns,
+    build_folders,
+    build_voicebank,
+)
+
+from models import load_checkpoint
+from recipes import run_folder
+from recipes.datasets import DataConfig, build, load_val_pairs
+from recipes.evaluate import main as evaluate_main
+from recipes.train import build_parser, resolve
+from recipes.train import main as train_main
+from recipes.trainer import RunConfig, Trainer, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_FILES = ("config.json", "env.json", "metrics.csv", "best.safetensors", "last.safetensors", "state.pt")
+TIMING_COLUMNS = {"audio_s_per_s"}  # measured, so never equal between two runs
+CLI_TIMEOUT = 240
+
+pytestmark = pytest.mark.slow
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+
+
+def cli_env() -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in ``cwd`` with the repository importable; fails the test on a non-zero exit."""
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=CLI_TIMEOUT
+    )
+    assert proc.returncode == 0, f"{args} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def train_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return run_cli(["-m", "recipes.train", *args], cwd)
+
+
+@contextlib.contextmanager
+def in_process() -> Iterator[None]:
+    """Run a trainer inside pytest without leaking its thread count or RNG state into other tests."""
+    threads, rng = torch.get_num_threads(), torch.get_rng_state()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_rng_state(rng)
+
+
+def metrics(run: Path) -> list[dict[str, str]]:
+    return run_folder.read_csv(run / "metrics.csv")
+
+
+def check_run_folder(run: Path, epochs: int, recipe: str, model: str = "tiny") -> list[dict[str, str]]:
+    """Files, metrics, config and checkpoints of a finished run; returns the metrics rows."""
+    for name in RUN_FILES:
+        assert (run / name).is_file(), f"{name} missing from {run}"
+    assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")], "temp files left behind"
+    rows = metrics(run)
+    assert [int(r["epoch"]) for r in rows] == list(range(1, epochs + 1))
+    for r in rows:
+        assert math.isfinite(float(r["train_loss"])) and float(r["train_loss"]) > 0, r
+        assert math.isfinite(float(r["val_loss"])) and float(r["val_loss"]) > 0, r
+        assert math.isfinite(float(r["val_si_sdr"])), r
+    config = json.loads((run / "config.json").read_text())
+    assert config["data"]["recipe"] == recipe
+    assert config["train"]["model"] == model
+    assert config["train"]["epochs"] == epochs
+    env = json.loads((run / "env.json").read_text())
+    assert env["world_size"] == 1 and "torch" in env["versions"]
+
+    last = load_checkpoint(run / "last.safetensors")
+    assert last.name == model
+    assert last.training["recipe"] == recipe
+    assert last.training["epochs_done"] == epochs
+    assert last.training["global_step"] == int(rows[-1]["global_step"])
+    assert last.training["val_loss"] == pytest.approx(float(rows[-1]["val_loss"]), rel=1e-9)
+    best = load_checkpoint(run / "best.safetensors")
+    best_epoch = min(rows, key=lambda r: float(r["val_loss"]))["epoch"]
+    assert best.name == model and best.training["epochs_done"] == int(best_epoch)
+    state = run_folder.load_state(run / "state.pt")
+    assert state["position"]["epoch"] == epochs and state["position"]["step"] == 0
+    assert state["config"] == config
+    for k, v in last.model.state_dict().items():
+        assert torch.equal(v, state["model"][k]), f"last.safetensors and state.pt differ at {k}"
+    return rows
+
+
+def evaluate_and_check(checkpoint: Path, pairs: Path, out: Path, n_pairs: int) -> dict[str, Any]:
+    """``recipes.evaluate`` (its command-line entry point) without DNSMOS; checks and returns summary.json."""
+    code = evaluate_main(
+        ["--checkpoint", str(checkpoint), "--pairs", str(pairs), "--out", str(out), "--no-dnsmos"]
+    )
+    assert code == 0
+    with open(out / "summary.csv", newline="") as f:
+        summary = list(csv.DictReader(f))
+    assert [r["system"] for r in summary] == ["noisy", "enhanced"]
+    for r in summary:
+        for key in ("pesq", "stoi", "si_sdr"):
+            assert math.isfinite(float(r[key])), (r["system"], key, r[key])
+        assert 1.0 <= float(r["pesq"]) <= 4.65 and 0.0 <= float(r["stoi"]) <= 1.0, r
+        assert int(r["n_files"]) == n_pairs and int(r["n_failed"]) == 0, r
+        assert r["dnsmos_ovrl"] == "nan"
+    with open(out / "per_file.csv", newline="") as f:
+        assert len(list(csv.DictReader(f))) == 2 * n_pairs
+    result = json.loads((out / "summary.json").read_text())
+    assert result["n_pairs"] == result["n_evaluated"] == n_pairs and result["skipped"] == []
+    return result
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --------------------------------------------------------------------------------------------------- DNS
+
+
+@dataclass
+class DNSRun:
+    tree: DNSTree
+    run: Path
+    stdout: str
+
+
+@pytest.fixture(scope="module")
+def dns_run(tmp_path_factory: pytest.TempPathFactory) -> DNSRun:
+    base = tmp_path_factory.mktemp("dns")
+    tree = build_dns(base / "DNS-Challenge")
+    run = base / "run"
+    proc = train_cli(
+        [
+            *("--config", "dns.json", "--recipe", "dns", "--root", str(tree.root), "--model", "tiny"),
+            *("--epochs", "2", "--batch-size", "4", "--segment-seconds", "1.0", "--threads", "1"),
+            *("--out", str(run)),
+        ],
+        base,
+    )
+    return DNSRun(tree, run, proc.stdout)
+
+
+def test_dns_recipe_writes_a_complete_run_folder(dns_run: DNSRun) -> None:
+    check_run_folder(dns_run.run, epochs=2, recipe="dns")
+    config = json.loads((dns_run.run / "config.json").read_text())
+    assert config["data"]["root"] == str(dns_run.tree.root)
+    assert config["data"]["mixing"]["segment_seconds"] == 1.0
+    assert config["data"]["mixing"]["snr_db"] == [0.0, 40.0]  # from dns.json
+    # 6 usable clean files and 4 noise files; one of each held out for the validation mixes
+    assert "5 speech files" in dns_run.stdout and "3 noise files" in dns_run.stdout
+    assert "4 files skipped" in load_checkpoint(dns_run.run / "best.safetensors").training["data"]
+
+
+def test_dns_recipe_lists_each_bad_file_with_its_reason(dns_run: DNSRun) -> None:
+    lines = [ln.strip() for ln in (dns_run.run / "skipped.txt").read_text().splitlines() if ln.strip()]
+    listed = dict(ln.split(": ", 1) for ln in lines)
+    assert len(lines) == 4
+    assert sorted(listed) == sorted(str(p) for p in dns_run.tree.bad.values())
+    keywords = {
+        "unreadable": ("unreadable", "corrupt"),
+        "silent": ("silent",),
+        "too short": ("too short",),
+        "sample rate": ("sample rate 8000",),
+    }
+    for what, path in dns_run.tree.bad.items():
+        reason = listed[str(path)].lower()
+        assert any(k in reason for k in keywords[what]), f"{path.name}: reason {reason!r} does not say {what}"
+
+
+def test_dns_model_evaluates_on_the_synthetic_test_set(dns_run: DNSRun, tmp_path: Path) -> None:
+    result = evaluate_and_check(dns_run.run / "best.safetensors", dns_run.tree.root / "datasets", tmp_path, 3)
+    assert result["files_converted"]["resampled"] == 0
+
+
+# --------------------------------------------------------------------------------------------------- VoiceBank
+
+
+@dataclass
+class VoiceBank:
+    root: Path
+    cache: Path
+
+
+def cache_files(cache: Path) -> dict[Path, tuple[int, int]]:
+    return {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in sorted(cache.rglob("*.wav"))}
+
+
+@pytest.fixture(scope="module")
+def voicebank(tmp_path_factory: pytest.TempPathFactory) -> VoiceBank:
+    base = tmp_path_factory.mktemp("voicebank")
+    return VoiceBank(build_voicebank(base / "VoiceBank-DEMAND"), base / "cache")
+
+
+def test_voicebank_holds_out_two_speakers_and_caches_16k_once(voicebank: VoiceBank) -> None:
+    cfg = DataConfig(recipe="voicebank", root=str(voicebank.root), cache_dir=str(voicebank.cache))
+    data = build(cfg, seed=0)
+    assert data.skipped == []
+    assert sorted(p.name for p in data.val) == [
+        f"{s}_{u:03d}.wav" for s in ("p226", "p287") for u in (1, 2, 3)
+    ]
+    assert len(data.train) == 6
+    train_names = [Path(p).name for p in data.train.noisy.paths]
+    assert [Path(p).name for p in data.train.clean.paths] == train_names
+    assert sorted(n.split("_")[0] for n in train_names) == ["p239"] * 3 + ["p270"] * 3
+
+    files = cache_files(voicebank.cache)
+    assert len(files) == 2 * len(VB_TRAIN_SPEAKERS) * 3  # clean + noisy of every training pair
+    for path in files:
+        info = sf.info(path)
+        original = sf.info(voicebank.root / f"{path.parent.name}_trainset_28spk_wav" / path.name)
+        assert info.samplerate == 16000 and info.channels == 1
+        assert abs(info.frames - original.frames * 16000 / VB_RATE) <= 2
+    for p in data.val:
+        assert p.noisy.dtype == p.clean.dtype and len(p.noisy) == len(p.clean)
+        assert len(p.clean) == sf.info(next(voicebank.cache.glob(f"*/clean/{p.name}"))).frames
+
+    again = build(cfg, seed=0)
+    assert cache_files(voicebank.cache) == files, "the second build rewrote the 16 kHz cache"
+    assert [p.name for p in again.val] == [p.name for p in data.val]
+    assert all(
+        (a.noisy == b.noisy).all() and (a.clean == b.clean).all()
+        for a, b in zip(again.val, data.val, strict=True)
+    )
+
+
+def test_voicebank_recipe_trains_and_evaluates(voicebank: VoiceBank, tmp_path: Path) -> None:
+    extra = tmp_path / "cache.json"
+    extra.write_text(json.dumps({"data": {"cache_dir": str(voicebank.cache)}}))
+    run = tmp_path / "run"
+    cached = cache_files(voicebank.cache)  # filled by the build test when it ran first
+    proc = train_cli(
+        [
+            *("--config", "voicebank.json", "--config", str(extra), "--root", str(voicebank.root)),
+            *("--model", "tiny", "--epochs", "2", "--batch-size", "4", "--segment-seconds", "1.0"),
+            *("--threads", "1", "--out", str(run)),
+        ],
+        tmp_path,
+    )
+    assert "6 training pairs, 6 validation pairs (speakers p226, p287)" in proc.stdout
+    check_run_folder(run, epochs=2, recipe="voicebank")
+    config = json.loads((run / "config.json").read_text())
+    assert config["data"]["cache_dir"] == str(voicebank.cache)
+    assert config["data"]["voicebank_val_speakers"] == ["p226", "p287"]
+    assert not (run / "skipped.txt").exists()
+    after = cache_files(voicebank.cache)
+    assert len(after) == 2 * len(VB_TRAIN_SPEAKERS) * 3
+    assert {p: after[p] for p in cached} == cached, "training rewrote the 16 kHz cache"
+
+    n_test = len(VB_TEST_SPEAKERS)
+    result = evaluate_and_check(run / "best.safetensors", voicebank.root, tmp_path / "eval", n_test)
+    assert result["files_converted"]["resampled"] == n_test  # the 48 kHz test files
+
+
+# --------------------------------------------------------------------------------------------------- folders
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> FolderTree:
+    # 10 speech files of 2-4.25 s: 32 one-second examples, 8 steps of 4 per epoch
+    return build_folders(tmp_path_factory.mktemp("folders"), n_speech=10)
+
+
+def folders_args(tree: FolderTree, *extra: str) -> list[str]:
+    return [
+        *("--recipe", "folders", "--speech", str(tree.speech), "--noise", str(tree.noise)),
+        *("--val-pairs", str(tree.dev), "--model", "tiny", "--batch-size", "4", "--segment-seconds", "1.0"),
+        *("--threads", "1", *extra),
+    ]
+
+
+def test_folders_recipe_validates_on_the_dev_pairs(folders: FolderTree, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = train_cli(
+        [*folders_args(folders, "--epochs", "2", "--max-steps-per-epoch", "3"), "--out", str(run)], tmp_path
+    )
+    assert f"{folders.n_dev} validation pairs, 0 files skipped" in proc.stdout
+    rows = check_run_folder(run, epochs=2, recipe="folders")
+    assert [int(r["global_step"]) for r in rows] == [3, 6]
+    config = json.loads((run / "config.json").read_text())
+    assert config["data"]["val_pairs"] == str(folders.dev)
+    assert config["data"]["speech"] == [str(folders.speech)]
+    assert config["data"]["noise"] == [str(folders.noise)]
+
+    # the logged validation loss is the loss on exactly these dev pairs
+    pairs, bad = load_val_pairs(str(folders.dev))
+    assert bad == [] and sorted(p.name for p in pairs) == [f"{i:04d}" for i in range(1, folders.n_dev + 1)]
+    with in_process():
+        torch.set_num_threads(1)
+        val = validate(load_checkpoint(run / "last.safetensors").model, pairs, torch.device("cpu"))
+    assert val["val_loss"] == pytest.approx(float(rows[-1]["val_loss"]), rel=1e-5)
+    assert val["val_si_sdr"] == pytest.approx(float(rows[-1]["val_si_sdr"]), abs=1e-3)
+
+
+# --------------------------------------------------------------------------------------------------- resume
+
+
+@dataclass
+class ResumeRuns:
+    cfg: RunConfig
+    args: list[str]  # command line of both runs, without --out
+    a: Path  # uninterrupted
+    b: Path  # killed, then resumed
+    killed_at: dict[str, Any]  # position in B's state.pt right after the kill
+
+
+@pytest.fixture(scope="module")
+def resume_runs(folders: FolderTree, tmp_path_factory: pytest.TempPathFactory) -> ResumeRuns:
+    base = tmp_path_factory.mktemp("resume")
+    fast = base / "save-every-step.json"
+    fast.write_text(json.dumps({"train": {"save_every_steps": 1, "log_every_steps": 1000}}))
+    args = folders_args(folders, "--config", str(fast), "--epochs", "2")
+    a, b = base / "A", base / "B"
+
+    cfg = resolve(build_parser().parse_args([*args, "--out", str(a)]))
+    assert cfg.train.save_every_steps == 1 and cfg.train.threads == 1 and cfg.train.epochs == 2
+    with in_process():
+        Trainer(cfg, a).fit()
+
+    log = base / "B.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "recipes.train", *args, "--out", str(b)],
+            cwd=base,
+            env=cli_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        state, seen_mtime, deadline = b / "state.pt", 0, time.monotonic() + CLI_TIMEOUT
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                if state.is_file() and state.stat().st_mtime_ns != seen_mtime:
+                    seen_mtime = state.stat().st_mtime_ns
+                    pos = run_folder.load_state(state)["position"]
+                    if pos["epoch"] == 0 and pos["step"] >= 2:
+                        proc.send_signal(signal.SIGKILL)
+                        break
+                time.sleep(0.002)
+        finally:
+            if proc.poll() is None and time.monotonic() >= deadline:
+                proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL, f"run B was not killed mid-run:\n{log.read_text()}"
+    killed_at = run_folder.load_state(b / "state.pt")["position"]
+    train_cli(["--out", str(b), "--resume"], base)
+    return ResumeRuns(cfg, args, a, b, killed_at)
+
+
+def test_killed_run_resumes_exactly(resume_runs: ResumeRuns) -> None:
+    pos = resume_runs.killed_at
+    assert pos["epoch"] == 0 and 2 <= pos["step"] < 8, f"B was killed at {pos}, not in the middle of epoch 1"
+    rows_a = check_run_folder(resume_runs.a, epochs=2, recipe="folders")
+    rows_b = check_run_folder(resume_runs.b, epochs=2, recipe="folders")
+    assert (resume_runs.b / "config.json").read_text() == (resume_runs.a / "config.json").read_text()
+
+    drop = [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows_a]
+    assert [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows_b] == drop
+    a = safetensors.torch.load_file(resume_runs.a / "last.safetensors")
+    b = safetensors.torch.load_file(resume_runs.b / "last.safetensors")
+    assert a.keys() == b.keys()
+    differ = {k: float((a[k] - b[k]).abs().max()) for k in a if not torch.equal(a[k], b[k])}
+    assert not differ, (
+        f"resumed weights differ from the uninterrupted run's (max abs diff per tensor): {differ}"
+    )
+    state_a = run_folder.load_state(resume_runs.a / "state.pt")
+    state_b = run_folder.load_state(resume_runs.b / "state.pt")
+    assert torch.equal(state_a["rng"]["torch"], state_b["rng"]["torch"])
+    assert state_a["scheduler"] == state_b["scheduler"]
+
+
+def snapshot(run: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(run.iterdir()) if p.is_file()}
+
+
+def test_new_run_in_a_used_folder_is_refused(
+    resume_runs: ResumeRuns, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = snapshot(resume_runs.a)
+    with in_process():
+        code = train_main([*resume_runs.args, "--out", str(resume_runs.a)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "already holds a run" in err and "--resume" in err and str(resume_runs.a) in err
+    assert "Traceback" not in err
+    assert snapshot(resume_runs.a) == before
+
+
+@pytest.mark.parametrize("folder", ["missing", "empty", "config-only"])
+def test_resume_without_a_run_is_refused(
+    folder: str, resume_runs: ResumeRuns, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    if folder != "missing":
+        run.mkdir()
+    if folder == "config-only":  # killed before its first state.pt was written
+        (run / "config.json").write_text((resume_runs.a / "config.json").read_text())
+    with in_process():
+        code = train_main(["--out", str(run), "--resume"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "nothing to resume" in err and "Traceback" not in err
+    assert not (run / "state.pt").exists() and not (run / "metrics.csv").exists()
+
+
+def test_resume_with_a_changed_config_is_refused(resume_runs: ResumeRuns) -> None:
+    before = snapshot(resume_runs.a)
+    cfg = resume_runs.cfg
+    changed = [
+        dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lr=cfg.train.lr * 2)),
+        dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, model="tiny-transformer")),
+        dataclasses.replace(
+            cfg,
+            data=dataclasses.replace(
+                cfg.data, mixing=dataclasses.replace(cfg.data.mixing, segment_seconds=2.0)
+            ),
+        ),
+    ]
+    for new in changed:
+        with in_process(), pytest.raises(ValueError, match="different configuration"):
+            Trainer(new, resume_runs.a, resume=True)
+    assert snapshot(resume_runs.a) == before
+    with in_process():  # the unchanged config is accepted
+        trainer = Trainer(cfg, resume_runs.a, resume=True)
+    assert trainer.pos.epoch == 2 and trainer.pos.global_step == 16
+
+
+# --------------------------------------------------------------------------------------------------- DDP
+
+# The tiny model without dropout: with dropout each process draws its own masks, so two processes and one
+# process cannot end at the same weights whatever the gradient averaging does.
+NO_DROPOUT_TRAIN = """
+import dataclasses, sys
+from models.registry import REGISTRY, tiny_config
+
+def tiny_no_dropout():
+    c = tiny_config(2)
+    return dataclasses.replace(
+        c,
+        standard=dataclasses.replace(c.standard, dropout=0.0),
+        tim=dataclasses.replace(c.tim, dropout=0.0),
+    )
+
+REGISTRY["tiny-nodropout"] = tiny_no_dropout
+from recipes.train import main
+sys.exit(main())
+"""
+
+
+@dataclass
+class DDPRuns:
+    ddp: Path
+    single: Path
+    stdout: str
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(folders: FolderTree, tmp_path_factory: pytest.TempPathFactory) -> DDPRuns:
+    base = tmp_path_factory.mktemp("ddp")
+    script = base / "train_no_dropout.py"
+    script.write_text(NO_DROPOUT_TRAIN)
+    args = folders_args(folders, "--epochs", "1", "--max-steps-per-epoch", "3", "--model", "tiny-nodropout")
+    ddp, single = base / "ddp", base / "single"
+    launch = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    proc = run_cli([*launch, str(script), *args, "--out", str(ddp)], base)
+    run_cli([str(script), *args, "--out", str(single)], base)
+    return DDPRuns(ddp, single, proc.stdout)
+
+
+def test_ddp_two_processes_match_one_process(ddp_runs: DDPRuns) -> None:
+    assert "world 2" in ddp_runs.stdout
+    assert json.loads((ddp_runs.ddp / "env.json").read_text())["world_size"] == 2
+    for name in RUN_FILES:
+        assert (ddp_runs.ddp / name).is_file(), name
+    a = safetensors.torch.load_file(ddp_runs.ddp / "last.safetensors")
+    b = safetensors.torch.load_file(ddp_runs.single / "last.safetensors")
+    assert a and a.keys() == b.keys()
+    far = {k: float((a[k] - b[k]).abs().max()) for k in a if not torch.allclose(a[k], b[k], atol=1e-5)}
+    assert not far, f"2-process weights differ from 1-process weights (max abs diff): {far}"
+    rows_d, rows_s = metrics(ddp_runs.ddp), metrics(ddp_runs.single)
+    assert [r["global_step"] for r in rows_d] == [r["global_step"] for r in rows_s] == ["3"]
+    assert float(rows_d[0]["val_loss"]) == pytest.approx(float(rows_s[0]["val_loss"]), rel=1e-4)
+
+
+def test_ddp_train_loss_is_the_global_batch_loss(ddp_runs: DDPRuns) -> None:
+    """metrics.csv's train_loss under DDP must be the mean over the global batch, as with one process."""
+    rows_d, rows_s = metrics(ddp_runs.ddp), metrics(ddp_runs.single)
+    assert float(rows_d[0]["train_loss"]) == pytest.approx(float(rows_s[0]["train_loss"]), rel=1e-4)
