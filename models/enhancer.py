@@ -18,6 +18,8 @@ from models.encoder_layer import StandardLayer, StandardLayerConfig
 from models.pre_encoder import PreEncoder, PreEncoderConfig
 from models.tim_layer import TIMLayer, TIMLayerConfig
 
+OUTPUT_MODES = ("direct", "residual")
+
 
 @dataclass(frozen=True)
 class EnhancerConfig:
@@ -27,8 +29,14 @@ class EnhancerConfig:
     tim: TIMLayerConfig | None = None
     n_layers: int = 8
     tim_blocks: tuple[int, ...] = ()  # 1-based block numbers that are TIM layers (paper: 3..7)
+    # "direct": softplus(head(h)), the paper's mapping; "residual": relu(noisy + head(h)), the same target
+    # reached from the identity (converges much faster, see README). Default "direct" = what configs without
+    # this key meant.
+    output: str = "direct"
 
     def __post_init__(self) -> None:
+        if self.output not in OUTPUT_MODES:
+            raise ValueError(f"output must be one of {OUTPUT_MODES}, got {self.output!r}")
         if self.pre_encoder.n_bins != self.stft.n_bins:
             raise ValueError(f"pre_encoder.n_bins {self.pre_encoder.n_bins} != STFT bins {self.stft.n_bins}")
         if self.standard.d_model != self.pre_encoder.d_model:
@@ -109,7 +117,10 @@ class Enhancer(nn.Module):
             h, c = layer(h)
             if c is not None:
                 maps.append(c)
-        log_mag = F.softplus(self.head(h))  # non-negative, like log1p(|X|)
+        if self.cfg.output == "residual":
+            log_mag = F.relu(feats + self.head(h))  # non-negative, like log1p(|X|)
+        else:
+            log_mag = F.softplus(self.head(h))
         return EnhancerOutput(log_mag, maps if return_competition else None)
 
 

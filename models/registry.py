@@ -25,18 +25,22 @@ PAPER_TIM_BLOCKS = (3, 4, 5, 6, 7)
 
 
 def paper_config(
-    n_mechanisms: int = 1, competition: bool = True, tim_d_ff: int = 768, context_frames: int = 250
+    n_mechanisms: int = 1,
+    competition: bool = True,
+    tim_d_ff: int = 768,
+    context_frames: int = 250,
+    output: str = "residual",
 ) -> EnhancerConfig:
     """The paper's 8-block encoder; ``n_mechanisms == 1`` is the Transformer baseline."""
     standard = StandardLayerConfig(attention=AttentionConfig(context_frames=context_frames), d_ff=256)
     if n_mechanisms == 1:
-        return EnhancerConfig(standard=standard)
+        return EnhancerConfig(standard=standard, output=output)
     tim = TIMLayerConfig(
         attention=AttentionConfig(n_groups=n_mechanisms, context_frames=context_frames),
         competition=competition,
         d_ff=tim_d_ff,
     )
-    return EnhancerConfig(standard=standard, tim=tim, tim_blocks=PAPER_TIM_BLOCKS)
+    return EnhancerConfig(standard=standard, tim=tim, tim_blocks=PAPER_TIM_BLOCKS, output=output)
 
 
 def tiny_config(n_mechanisms: int = 2, competition: bool = True, context_frames: int = 4) -> EnhancerConfig:
@@ -45,7 +49,7 @@ def tiny_config(n_mechanisms: int = 2, competition: bool = True, context_frames:
     standard = StandardLayerConfig(attention=attn, d_ff=32)
     pre = PreEncoderConfig(channels=(32, 16, 16, 16))
     if n_mechanisms == 1:
-        return EnhancerConfig(pre_encoder=pre, standard=standard, n_layers=3)
+        return EnhancerConfig(pre_encoder=pre, standard=standard, n_layers=3, output="residual")
     tim = TIMLayerConfig(
         attention=AttentionConfig(
             d_model=16, n_heads=4, n_groups=n_mechanisms, context_frames=context_frames
@@ -55,7 +59,9 @@ def tiny_config(n_mechanisms: int = 2, competition: bool = True, context_frames:
         inter_heads=2,
         inter_head_dim=4,
     )
-    return EnhancerConfig(pre_encoder=pre, standard=standard, tim=tim, n_layers=3, tim_blocks=(2,))
+    return EnhancerConfig(
+        pre_encoder=pre, standard=standard, tim=tim, n_layers=3, tim_blocks=(2,), output="residual"
+    )
 
 
 REGISTRY: dict[str, Callable[[], EnhancerConfig]] = {
@@ -63,6 +69,7 @@ REGISTRY: dict[str, Callable[[], EnhancerConfig]] = {
     "tim-nocomp": lambda: paper_config(2, competition=False, tim_d_ff=768),
     "tim": lambda: paper_config(2, tim_d_ff=768),
     "tim4": lambda: paper_config(4, tim_d_ff=2048),
+    "tim-direct": lambda: paper_config(2, tim_d_ff=768, output="direct"),
     "tiny": lambda: tiny_config(2),
     "tiny-transformer": lambda: tiny_config(1),
     "tiny-nocomp": lambda: tiny_config(2, competition=False),
