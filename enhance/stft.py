@@ -52,14 +52,13 @@ def sqrt_hann(
     return torch.hann_window(win_length, periodic=True, dtype=dtype, device=device).sqrt()
 
 
-def stft(wav: torch.Tensor, cfg: STFTConfig) -> torch.Tensor:
-    """Complex spectrum of ``wav`` [..., L] -> [..., T, n_bins] with T = ceil(L / hop) + 1."""
-    n = wav.shape[-1]
-    n_frames = cfg.n_frames(n)
-    pad_end = (n_frames - 1) * cfg.hop_length + cfg.win_length - cfg.overlap - n
-    lead = wav.shape[:-1]
-    flat = wav.reshape(-1, n)
-    flat = F.pad(flat, (cfg.overlap, pad_end))  # [N, (T-1)*hop + win]
+def analysis_frames(padded: torch.Tensor, cfg: STFTConfig) -> torch.Tensor:
+    """Spectra of the frames of an already padded signal: [..., (T-1)*hop + win] -> [..., T, n_bins].
+
+    ``padded`` starts at the first sample of its first frame (offline: ``win - hop`` zeros before the signal).
+    """
+    lead = padded.shape[:-1]
+    flat = padded.reshape(-1, padded.shape[-1])
     spec = torch.stft(
         flat,
         n_fft=cfg.n_fft,
@@ -69,26 +68,49 @@ def stft(wav: torch.Tensor, cfg: STFTConfig) -> torch.Tensor:
         center=False,
         return_complex=True,
     )  # [N, n_bins, T]
-    return spec.transpose(-1, -2).reshape(*lead, n_frames, cfg.n_bins)
+    return spec.transpose(-1, -2).reshape(*lead, spec.shape[-1], cfg.n_bins)
+
+
+def synthesis_frames(spec: torch.Tensor, cfg: STFTConfig) -> torch.Tensor:
+    """Windowed time frames of spectra, ready for overlap-add: [..., T, n_bins] -> [..., T, win]."""
+    frames = torch.fft.irfft(spec, n=cfg.n_fft, dim=-1)
+    return frames * sqrt_hann(cfg.win_length, frames.dtype, frames.device)
+
+
+def overlap_add(frames: torch.Tensor, cfg: STFTConfig) -> torch.Tensor:
+    """Overlap-add [..., T, win] frames at the hop: -> [..., (T-1)*hop + win]."""
+    lead, n_frames = frames.shape[:-2], frames.shape[-2]
+    total = (n_frames - 1) * cfg.hop_length + cfg.win_length
+    out = F.fold(
+        frames.reshape(-1, n_frames, cfg.win_length).transpose(1, 2),  # [N, win, T]
+        output_size=(1, total),
+        kernel_size=(1, cfg.win_length),
+        stride=(1, cfg.hop_length),
+    )
+    return out.reshape(*lead, total)
+
+
+def stft(wav: torch.Tensor, cfg: STFTConfig) -> torch.Tensor:
+    """Complex spectrum of ``wav`` [..., L] -> [..., T, n_bins] with T = ceil(L / hop) + 1."""
+    n = wav.shape[-1]
+    n_frames = cfg.n_frames(n)
+    pad_end = (n_frames - 1) * cfg.hop_length + cfg.win_length - cfg.overlap - n
+    return analysis_frames(F.pad(wav, (cfg.overlap, pad_end)), cfg)
 
 
 def istft(spec: torch.Tensor, cfg: STFTConfig, length: int) -> torch.Tensor:
     """Inverse of :func:`stft`: [..., T, n_bins] complex -> [..., length] real (overlap-add, sqrt-Hann)."""
-    lead = spec.shape[:-2]
     n_frames = spec.shape[-2]
-    frames = torch.fft.irfft(spec.reshape(-1, n_frames, cfg.n_bins), n=cfg.n_fft, dim=-1)  # [N, T, n_fft]
-    frames = frames * sqrt_hann(cfg.win_length, frames.dtype, frames.device)
-    total = (n_frames - 1) * cfg.hop_length + cfg.win_length
-    wav = F.fold(
-        frames.transpose(1, 2),  # [N, win, T]
-        output_size=(1, total),
-        kernel_size=(1, cfg.win_length),
-        stride=(1, cfg.hop_length),
-    ).reshape(-1, total)
-    wav = wav[:, cfg.overlap : cfg.overlap + length]
-    if wav.shape[-1] < length:
+    if (n_frames - 1) * cfg.hop_length + cfg.win_length - cfg.overlap < length:
         raise ValueError(f"{n_frames} frames cannot cover {length} samples")
-    return wav.reshape(*lead, length)
+    wav = overlap_add(synthesis_frames(spec, cfg), cfg)
+    return wav[..., cfg.overlap : cfg.overlap + length]
+
+
+def apply_magnitude(log_mag: torch.Tensor, noisy_spec: torch.Tensor) -> torch.Tensor:
+    """Complex spectrum with the predicted ``log1p`` magnitude and the noisy phase."""
+    mag = torch.expm1(log_mag.clamp(min=0.0))
+    return mag * torch.polar(torch.ones_like(mag), noisy_spec.angle())
 
 
 def log_magnitude(spec: torch.Tensor) -> torch.Tensor:
@@ -98,6 +120,4 @@ def log_magnitude(spec: torch.Tensor) -> torch.Tensor:
 
 def rebuild(log_mag: torch.Tensor, noisy_spec: torch.Tensor, cfg: STFTConfig, length: int) -> torch.Tensor:
     """Waveform from a predicted ``log1p`` magnitude and the noisy phase, at exactly ``length`` samples."""
-    mag = torch.expm1(log_mag.clamp(min=0.0))
-    phase = torch.polar(torch.ones_like(mag), noisy_spec.angle())
-    return istft(mag * phase, cfg, length)
+    return istft(apply_magnitude(log_mag, noisy_spec), cfg, length)

@@ -1,0 +1,279 @@
+"""enhance-cli: denoise speech recordings with a TIM model.
+
+Examples:
+  enhance-cli noisy.wav -o clean.wav                 one file (any format libsndfile reads, any rate/channels)
+  enhance-cli a.flac b.mp3 -o out/                   several files into a folder (same names)
+  enhance-cli recordings/ -o cleaned/                a folder, recursively; sub-folders are mirrored
+  enhance-cli 'takes/*.wav' -o cleaned/              a glob (quoted: expanded by enhance-cli)
+  enhance-cli noisy.wav                              writes noisy.enhanced.wav beside the input
+  enhance-cli - -o - < noisy.wav > clean.wav         stdin to stdout (WAV out unless --format)
+  enhance-cli noisy.wav -o clean.wav --competition-map maps.png   also draw the TIM competition maps
+  enhance-cli noisy.wav -o clean.wav --checkpoint runs/x/best.safetensors --json
+
+Exit status: 0 when every file was enhanced, 1 when any file failed (the others are still processed),
+2 for usage errors (bad flags, unknown model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from enhance.audio_io import AudioError, atomic_path
+from enhance.files import FileResult, enhance_bytes, enhance_file
+from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from models.pretrained import DEFAULT_MODEL, load_pretrained
+
+AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".mp3", ".aiff", ".aif", ".au", ".caf", ".w64", ".rf64"}
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("tim-enhance")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="enhance-cli",
+        description=__doc__.split("\n", 1)[0],
+        epilog=__doc__.split("\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("inputs", nargs="+", help="audio files, folders or globs; '-' reads stdin")
+    p.add_argument(
+        "-o",
+        "--output",
+        help="output file, or folder (ends with '/', exists, or several inputs); '-' = stdout",
+    )
+    m = p.add_mutually_exclusive_group()
+    m.add_argument("--model", default=DEFAULT_MODEL, help="bundled model name (default: %(default)s)")
+    m.add_argument("--checkpoint", help="a .safetensors checkpoint made by the training recipes")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default: %(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="replace existing outputs (never the input)")
+    p.add_argument(
+        "--format", help="output container, e.g. WAV, FLAC, OGG (default: the input's / the extension's)"
+    )
+    p.add_argument(
+        "--subtype", help="output sample format, e.g. PCM_16, PCM_24, FLOAT (default: the input's)"
+    )
+    p.add_argument(
+        "--competition-map", metavar="FILE", help="write the competition maps: .png (drawn) or .npz (data)"
+    )
+    p.add_argument(
+        "--chunk-seconds", type=float, default=32.0, help="model chunk (memory vs. speed; exact anyway)"
+    )
+    p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no per-file lines")
+    p.add_argument("--version", action="version", version=f"enhance-cli {_version()}")
+    return p
+
+
+def expand_inputs(items: list[str]) -> list[tuple[str, str | None]]:
+    """(path, relative name under its folder or None) for every input; '-' stays '-'."""
+    out: list[tuple[str, str | None]] = []
+    for item in items:
+        if item == "-":
+            out.append(("-", None))
+        elif os.path.isdir(item):
+            root = Path(item)
+            files = sorted(f for f in root.rglob("*") if f.is_file() and f.suffix.lower() in AUDIO_SUFFIXES)
+            out.extend((str(f), str(f.relative_to(root))) for f in files)
+        elif any(ch in item for ch in "*?[") and not os.path.exists(item):
+            out.extend((f, None) for f in sorted(glob.glob(item, recursive=True)) if os.path.isfile(f))
+        else:
+            out.append((item, None))  # a missing file is reported when it is processed
+    return out
+
+
+def output_for(src: str, rel: str | None, output: str | None, many: bool) -> str:
+    if output == "-":
+        return "-"
+    if output is None:
+        if src == "-":
+            return "-"
+        p = Path(src)
+        return str(p.with_name(f"{p.stem}.enhanced{p.suffix}"))
+    as_dir = many or output.endswith(("/", os.sep)) or os.path.isdir(output)
+    if not as_dir:
+        return output
+    return str(Path(output) / (rel if rel is not None else Path(src).name))
+
+
+def load_model(args: argparse.Namespace) -> Checkpoint:
+    if args.checkpoint:
+        ck = load_checkpoint(args.checkpoint, map_location="cpu")
+        ck.model.to(args.device)
+        return ck
+    return load_pretrained(args.model, args.device)
+
+
+class Progress:
+    """A tqdm bar in input seconds on a terminal; nothing when piped or quiet."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self.bar: Any = None
+
+    def start(self, name: str, frames: int, rate: int) -> None:
+        if self.enabled:
+            from tqdm import tqdm
+
+            self.rate = rate
+            self.bar = tqdm(total=round(frames / rate, 1), desc=Path(name).name[:30], unit="s", leave=False)
+
+    def update(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(round(n / self.rate, 1))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def run_one(ck: Checkpoint, src: str, dst: str, args: argparse.Namespace, progress: Progress) -> FileResult:
+    chunk_frames = max(1, int(args.chunk_seconds * ck.config.stft.sample_rate / ck.config.stft.hop_length))
+    want_maps = args.competition_map is not None
+    if src != "-":
+        import soundfile as sf
+
+        try:
+            info = sf.info(src)
+            progress.start(src, info.frames, info.samplerate)
+        except Exception:
+            pass  # enhance_file reports the problem
+    try:
+        if src != "-" and dst != "-":
+            return enhance_file(
+                ck.model,
+                src,
+                dst,
+                overwrite=args.overwrite,
+                out_subtype=args.subtype,
+                chunk_frames=chunk_frames,
+                with_competition=want_maps,
+                on_progress=progress.update,
+            )
+        # a pipe on one side: the encoded audio passes through memory
+        if src == "-":
+            data = sys.stdin.buffer.read()
+        elif os.path.isfile(src):
+            data = Path(src).read_bytes()
+        else:
+            raise AudioError(f"{src}: no such file")
+        fmt = (args.format or (Path(dst).suffix.lstrip(".") if dst != "-" else "") or "WAV").upper()
+        encoded, result = enhance_bytes(
+            ck.model,
+            data,
+            name="<stdin>" if src == "-" else src,
+            out_format=fmt,
+            out_subtype=args.subtype,
+            chunk_frames=chunk_frames,
+            with_competition=want_maps,
+        )
+        if dst == "-":
+            sys.stdout.buffer.write(encoded)
+            sys.stdout.buffer.flush()
+        else:
+            if os.path.exists(dst) and not args.overwrite:
+                raise AudioError(f"{dst}: output exists (use --overwrite)")
+            with atomic_path(dst) as tmp:
+                Path(tmp).write_bytes(encoded)
+        result.output = dst
+        return result
+    finally:
+        progress.close()
+
+
+def write_competition(path: str, result: FileResult, ck: Checkpoint, src: str) -> None:
+    from enhance.competition_map import save_competition_map
+
+    assert result.competition is not None
+    save_competition_map(path, result.competition, ck, src if src != "-" else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    inputs = expand_inputs(args.inputs)
+    if not inputs:
+        parser.error("no input files matched")
+    many = len(inputs) > 1
+    if many and args.output == "-":
+        parser.error("-o - takes a single input")
+    if (
+        args.competition_map
+        and many
+        and not (args.competition_map.endswith("/") or os.path.isdir(args.competition_map))
+    ):
+        parser.error("--competition-map must name a folder (ending with '/') when there are several inputs")
+    if (
+        args.competition_map
+        and not args.competition_map.endswith("/")
+        and Path(args.competition_map).suffix not in (".png", ".npz")
+    ):
+        parser.error("--competition-map must end with .png or .npz")
+    try:
+        torch.device(args.device)
+        ck = load_model(args)
+    except (CheckpointError, RuntimeError, ValueError) as exc:
+        print(f"enhance-cli: error: {exc}", file=sys.stderr)
+        return 2
+    torch.set_grad_enabled(False)
+    say = (
+        (lambda msg: None)
+        if (args.quiet or args.output == "-") and not args.json
+        else (lambda msg: print(msg, file=sys.stderr))
+    )
+    progress = Progress(not args.quiet)
+    results: list[FileResult] = []
+    for src, rel in inputs:
+        dst = output_for(src, rel, args.output, many)
+        try:
+            result = run_one(ck, src, dst, args, progress)
+            if args.competition_map:
+                target = args.competition_map
+                if many or target.endswith("/") or os.path.isdir(target):
+                    target = str(
+                        Path(target) / f"{Path(rel or Path(src).name).with_suffix('')}.competition.png"
+                    )
+                write_competition(target, result, ck, src)
+            say(f"{src} -> {dst} ({result.duration_s:.1f} s audio in {result.wall_seconds:.1f} s)")
+        except Exception as exc:  # one file's failure never stops the batch, and never shows a traceback
+            if isinstance(exc, AudioError):
+                msg = str(exc)
+            elif isinstance(exc, OSError | ValueError):
+                msg = f"{src}: {exc}"
+            else:
+                msg = f"{src}: unexpected {type(exc).__name__}: {exc}"
+            print(f"enhance-cli: error: {msg}", file=sys.stderr)
+            result = FileResult(src, None, False, error=msg)
+        results.append(result)
+    if args.json:
+        out = {
+            "model": {"name": ck.name, "training": ck.training},
+            "files": [r.summary() for r in results],
+            "ok": sum(r.ok for r in results),
+            "failed": sum(not r.ok for r in results),
+        }
+        text = json.dumps(out, indent=2)
+        if args.output == "-":
+            print(text, file=sys.stderr)
+        else:
+            print(text)
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

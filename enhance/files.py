@@ -1,0 +1,201 @@
+"""Enhancing files: any format libsndfile reads, any rate, any channel count, any length, in bounded memory.
+
+    input file --blocks--> soxr stream (-> 16 kHz) -> ChunkedEnhancer -> soxr stream (-> input rate) --> temp file
+                                                                                          rename onto output
+
+The output keeps the input's rate, channel count, length and (where the output format allows) subtype. Nothing
+is left behind on failure: the temp file is removed and an existing output is untouched.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+from enhance.audio_io import MODEL_RATE, AudioError, _format_from_suffix, atomic_path, read_info
+from enhance.chunked import ChunkedEnhancer
+from models.enhancer import Enhancer
+
+BLOCK_SECONDS = 10.0
+
+
+@dataclass
+class FileResult:
+    input: str
+    output: str | None
+    ok: bool
+    error: str | None = None
+    sample_rate: int = 0
+    channels: int = 0
+    frames: int = 0
+    wall_seconds: float = 0.0
+    competition: list[np.ndarray] | None = field(default=None, repr=False)  # per TIM layer [C, T, n_s]
+
+    @property
+    def duration_s(self) -> float:
+        return self.frames / self.sample_rate if self.sample_rate else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "input": self.input,
+            "output": self.output,
+            "ok": self.ok,
+            "error": self.error,
+            "sample_rate": self.sample_rate,
+            "channels": self.channels,
+            "duration_s": round(self.duration_s, 3),
+            "wall_seconds": round(self.wall_seconds, 3),
+            "real_time_factor": round(self.wall_seconds / self.duration_s, 4) if self.duration_s else None,
+        }
+
+
+def _resampler(rate_in: int, rate_out: int, channels: int) -> soxr.ResampleStream | None:
+    if rate_in == rate_out:
+        return None
+    return soxr.ResampleStream(rate_in, rate_out, channels, dtype="float32", quality="HQ")
+
+
+def _through(stream: soxr.ResampleStream | None, block: np.ndarray, last: bool = False) -> np.ndarray:
+    """[n, C] through a resampler (or not)."""
+    return block if stream is None else stream.resample_chunk(block, last=last)
+
+
+def enhance_stream(
+    model: Enhancer,
+    src: str | BinaryIO,
+    dst: str | BinaryIO,
+    *,
+    name: str,
+    out_format: str | None = None,
+    out_subtype: str | None = None,
+    chunk_frames: int = 2000,
+    with_competition: bool = False,
+    on_progress: Callable[[int], None] | None = None,
+) -> FileResult:
+    """Enhance the audio of ``src`` into ``dst`` (both paths or file objects). Raises :class:`AudioError`."""
+    t0 = time.perf_counter()
+    try:
+        fin = sf.SoundFile(src)
+    except Exception as exc:
+        raise AudioError(f"{name}: not a readable audio file ({_first_line(exc)})") from None
+    with fin:
+        rate, channels, frames = fin.samplerate, fin.channels, fin.frames
+        if frames == 0:
+            raise AudioError(f"{name}: contains no samples (zero-length audio)")
+        fmt = out_format or fin.format
+        if fmt not in sf.available_formats():
+            raise AudioError(f"{name}: cannot write format {fmt}")
+        keep = fmt == fin.format and sf.check_format(fmt, fin.subtype)  # else: the container's default
+        subtype = out_subtype or (fin.subtype if keep else None)
+        if subtype is not None and not sf.check_format(fmt, subtype):
+            raise AudioError(f"{name}: subtype {subtype} cannot be written in format {fmt}")
+        clip = subtype is None or subtype not in ("FLOAT", "DOUBLE")
+        engine = ChunkedEnhancer(model, channels, chunk_frames, with_competition)
+        down, up = _resampler(rate, MODEL_RATE, channels), _resampler(MODEL_RATE, rate, channels)
+        written = 0
+        peak = 0.0
+        try:
+            fout = sf.SoundFile(dst, "w", rate, channels, subtype, format=fmt)
+        except (sf.LibsndfileError, ValueError) as exc:
+            raise AudioError(
+                f"{name}: cannot write {fmt}/{subtype or 'default'} output ({_first_line(exc)})"
+            ) from None
+        with fout:
+
+            def emit(y16: np.ndarray, last: bool = False) -> None:
+                nonlocal written
+                y = _through(up, np.ascontiguousarray(y16.T), last)[: frames - written]
+                if clip:
+                    y = np.clip(y, -1.0, 1.0)
+                fout.write(y)
+                written += len(y)
+
+            try:
+                blocks = fin.blocks(blocksize=int(BLOCK_SECONDS * rate), dtype="float32", always_2d=True)
+                for block in blocks:
+                    if not np.isfinite(block).all():
+                        raise AudioError(
+                            f"{name}: {int((~np.isfinite(block)).sum())} sample(s) are NaN or infinite"
+                        )
+                    peak = max(peak, float(np.abs(block).max(initial=0.0)))
+                    emit(engine.process(_through(down, block).T))
+                    if on_progress is not None:
+                        on_progress(len(block))
+            except sf.LibsndfileError as exc:
+                raise AudioError(f"{name}: corrupt audio data ({_first_line(exc)})") from None
+            if peak == 0.0:
+                raise AudioError(f"{name}: all samples are zero (digital silence), nothing to enhance")
+            tail = _through(down, np.zeros((0, channels), np.float32), last=True)
+            rest = np.concatenate([engine.process(tail.T), engine.flush()], axis=1)
+            emit(rest, last=True)
+            if written < frames:  # resampler rounding: pad the last few samples
+                fout.write(np.zeros((frames - written, channels), np.float32))
+    return FileResult(
+        name,
+        None,
+        True,
+        sample_rate=rate,
+        channels=channels,
+        frames=frames,
+        wall_seconds=time.perf_counter() - t0,
+        competition=engine.competition() if with_competition else None,
+    )
+
+
+def enhance_file(
+    model: Enhancer,
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    out_subtype: str | None = None,
+    **kwargs: Any,
+) -> FileResult:
+    """Enhance file ``src`` into file ``dst`` atomically; refuses to overwrite unless asked, never the input."""
+    src_p, dst_p = Path(src), Path(dst)
+    if not src_p.exists():
+        raise AudioError(f"{src}: no such file")
+    if src_p.is_dir():
+        raise AudioError(f"{src}: is a directory")
+    if src_p.stat().st_size == 0:
+        raise AudioError(f"{src}: empty file (0 bytes)")
+    if dst_p.exists() and (dst_p.resolve() == src_p.resolve() or os.path.samefile(src_p, dst_p)):
+        raise AudioError(f"{src}: refusing to overwrite the input file")
+    if dst_p.exists() and not overwrite:
+        raise AudioError(f"{dst}: output exists (use --overwrite)")
+    read_info(src_p)  # an unreadable input is reported as such before anything about the output
+    try:
+        fmt = _format_from_suffix(dst_p.suffix)
+    except AudioError as exc:
+        raise AudioError(f"{dst}: {exc}") from None
+    with atomic_path(dst_p) as tmp:
+        result = enhance_stream(
+            model, str(src_p), tmp, name=str(src), out_format=fmt, out_subtype=out_subtype, **kwargs
+        )
+    result.output = str(dst_p)
+    return result
+
+
+def enhance_bytes(
+    model: Enhancer, data: bytes, *, name: str = "<stdin>", out_format: str = "WAV", **kwargs: Any
+) -> tuple[bytes, FileResult]:
+    """Enhance an encoded file held in memory; returns the encoded result."""
+    if not data:
+        raise AudioError(f"{name}: empty input (0 bytes)")
+    out = io.BytesIO()
+    result = enhance_stream(model, io.BytesIO(data), out, name=name, out_format=out_format, **kwargs)
+    return out.getvalue(), result
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:160]

@@ -1,0 +1,255 @@
+"""enhance-cli run as a subprocess on generated files of every kind: rates, channels, subtypes, lengths, bad files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from enhance.audio_io import load_audio
+from enhance.offline import enhance_audio
+from models import Enhancer, get_config, load_checkpoint, save_checkpoint
+from tests.conftest import ROOT, speech_like
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> str:
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("ck") / "tiny.safetensors"
+    save_checkpoint(path, Enhancer(get_config("tiny")), "tiny")
+    return str(path)
+
+
+def cli(
+    *args: str, stdin: bytes | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "enhance.cli", *args],
+        input=stdin,
+        capture_output=True,
+        env=ENV,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+def noisy(seconds: float, rate: int, channels: int = 1, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    sig = np.stack([speech_like(seconds, rate, seed=seed + c) for c in range(channels)], axis=1)
+    return (sig + 0.02 * rng.standard_normal(sig.shape)).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "rate,channels,suffix,subtype",
+    [
+        (16000, 1, ".wav", "PCM_16"),
+        (8000, 1, ".wav", "PCM_U8"),
+        (22050, 2, ".flac", "PCM_24"),
+        (44100, 3, ".wav", "FLOAT"),
+        (48000, 2, ".wav", "PCM_32"),
+        (32000, 1, ".ogg", "VORBIS"),
+        (24000, 1, ".aiff", "PCM_16"),
+    ],
+)
+def test_output_keeps_rate_channels_subtype_and_length(
+    tmp_path: Path, ckpt: str, rate: int, channels: int, suffix: str, subtype: str
+) -> None:
+    src = tmp_path / f"in{suffix}"
+    sf.write(src, noisy(1.3, rate, channels), rate, subtype=subtype)
+    dst = tmp_path / f"out{suffix}"
+    proc = cli(str(src), "-o", str(dst), "--checkpoint", ckpt)
+    assert proc.returncode == 0, proc.stderr.decode()
+    a, b = sf.info(str(src)), sf.info(str(dst))
+    assert (b.samplerate, b.channels, b.subtype, b.format) == (a.samplerate, a.channels, a.subtype, a.format)
+    assert b.frames == a.frames
+    out, _ = load_audio(dst)
+    assert np.isfinite(out).all() and np.abs(out).max() > 0
+
+
+def test_mp3_input_is_read(tmp_path: Path, ckpt: str) -> None:
+    src = tmp_path / "in.mp3"
+    try:
+        sf.write(src, noisy(1.0, 44100), 44100, format="MP3", subtype="MPEG_LAYER_III")
+    except Exception:
+        pytest.skip("this libsndfile cannot write MP3")
+    proc = cli(str(src), "-o", str(tmp_path / "out.wav"), "--checkpoint", ckpt)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert sf.info(str(tmp_path / "out.wav")).samplerate == 44100
+
+
+@pytest.mark.parametrize("n", [1, 100, 257])
+def test_very_short_inputs_keep_their_length(tmp_path: Path, ckpt: str, n: int) -> None:
+    src = tmp_path / "short.wav"
+    sf.write(src, noisy(1.0, 16000)[:n], 16000, subtype="FLOAT")
+    proc = cli(str(src), "-o", str(tmp_path / "o.wav"), "--checkpoint", ckpt)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert sf.info(str(tmp_path / "o.wav")).frames == n
+
+
+@pytest.mark.parametrize("rate", [16000, 44100])
+def test_chunked_processing_equals_whole_file(tmp_path: Path, ckpt: str, rate: int) -> None:
+    """Small chunks (many chunk boundaries) give the whole-file offline result."""
+    x = noisy(7.0, rate, channels=2)
+    src = tmp_path / "long.wav"
+    sf.write(src, x, rate, subtype="FLOAT")
+    proc = cli(str(src), "-o", str(tmp_path / "o.wav"), "--checkpoint", ckpt, "--chunk-seconds", "0.3")
+    assert proc.returncode == 0, proc.stderr.decode()
+    out, _ = load_audio(tmp_path / "o.wav")
+    model = load_checkpoint(ckpt).model
+    ref = enhance_audio(model, np.ascontiguousarray(x.T), rate).wav
+    assert out.shape == ref.shape
+    assert np.abs(out - ref).max() < 1e-5
+
+
+def _bad_files(d: Path) -> dict[str, tuple[Path, str]]:
+    d.mkdir(exist_ok=True)
+    files: dict[str, tuple[Path, str]] = {}
+    (d / "empty.wav").write_bytes(b"")
+    files["empty"] = (d / "empty.wav", "empty file")
+    (d / "junk.wav").write_bytes(b"RIFF" + os.urandom(300))
+    files["corrupt"] = (d / "junk.wav", "not a readable audio file")
+    (d / "notes.txt").write_text("hello, I am not audio\n")
+    files["unsupported"] = (d / "notes.txt", "not a readable audio file")
+    sf.write(d / "zero_length.wav", np.zeros((0, 1), np.float32), 16000)
+    files["zero-length"] = (d / "zero_length.wav", "no samples")
+    sf.write(d / "silent.wav", np.zeros(16000, np.float32), 16000)
+    files["all-zero"] = (d / "silent.wav", "all samples are zero")
+    x = noisy(1.0, 16000)
+    x[500] = np.nan
+    sf.write(d / "nan.wav", x, 16000, subtype="FLOAT")
+    files["nan"] = (d / "nan.wav", "NaN or infinite")
+    x[500] = np.inf
+    sf.write(d / "inf.wav", x, 16000, subtype="FLOAT")
+    files["inf"] = (d / "inf.wav", "NaN or infinite")
+    files["missing"] = (d / "missing.wav", "no such file")
+    return files
+
+
+def test_bad_inputs_fail_alone_with_one_line_each(tmp_path: Path, ckpt: str) -> None:
+    bad = _bad_files(tmp_path / "in")
+    good = tmp_path / "in" / "good.wav"
+    sf.write(good, noisy(0.8, 16000), 16000)
+    out = tmp_path / "out"
+    paths = [str(p) for p, _ in bad.values()] + [str(good)]
+    proc = cli(*paths, "-o", f"{out}/", "--checkpoint", ckpt, "--json")
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.decode().splitlines() if line.startswith("enhance-cli: error:")]
+    assert len(errors) == len(bad)
+    for path, reason in bad.values():
+        line = next((e for e in errors if str(path) in e), None)
+        assert line is not None and reason in line, (path, reason, errors)
+    # the good file was still enhanced; nothing else was written, not even temp files
+    assert sorted(p.name for p in out.iterdir()) == ["good.wav"]
+    summary = json.loads(proc.stdout)
+    assert summary["ok"] == 1 and summary["failed"] == len(bad)
+
+
+def test_never_overwrites_without_flag_and_never_the_input(tmp_path: Path, ckpt: str) -> None:
+    src = tmp_path / "a.wav"
+    sf.write(src, noisy(0.5, 16000), 16000)
+    dst = tmp_path / "b.wav"
+    dst.write_bytes(b"precious")
+    proc = cli(str(src), "-o", str(dst), "--checkpoint", ckpt)
+    assert proc.returncode == 1 and b"output exists" in proc.stderr
+    assert dst.read_bytes() == b"precious"
+    assert cli(str(src), "-o", str(dst), "--checkpoint", ckpt, "--overwrite").returncode == 0
+    assert sf.info(str(dst)).frames == 8000
+    before = src.read_bytes()
+    proc = cli(str(src), "-o", str(src), "--checkpoint", ckpt, "--overwrite")
+    assert proc.returncode == 1 and b"refusing to overwrite the input" in proc.stderr
+    assert src.read_bytes() == before
+
+
+def test_default_output_name_folders_and_globs(tmp_path: Path, ckpt: str) -> None:
+    d = tmp_path / "takes"
+    (d / "sub").mkdir(parents=True)
+    for name in ("one.wav", "two.flac", "sub/three.wav"):
+        sf.write(d / name, noisy(0.4, 16000), 16000)
+    assert cli(str(d / "one.wav"), "--checkpoint", ckpt).returncode == 0
+    assert (d / "one.enhanced.wav").is_file()
+    (d / "one.enhanced.wav").unlink()
+    out = tmp_path / "out"
+    assert cli(str(d), "-o", str(out), "--checkpoint", ckpt).returncode == 0
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [
+        "one.wav",
+        "sub/three.wav",
+        "two.flac",
+    ]
+    out2 = tmp_path / "out2"
+    assert cli(str(d / "*.wav"), "-o", f"{out2}/", "--checkpoint", ckpt).returncode == 0
+    assert sorted(p.name for p in out2.iterdir()) == ["one.wav"]
+
+
+def test_stdin_to_stdout(tmp_path: Path, ckpt: str) -> None:
+    src = tmp_path / "a.flac"
+    sf.write(src, noisy(0.6, 22050, 2), 22050)
+    proc = cli("-", "-o", "-", "--checkpoint", ckpt, stdin=src.read_bytes())
+    assert proc.returncode == 0, proc.stderr.decode()
+    (tmp_path / "o.wav").write_bytes(proc.stdout)
+    info = sf.info(str(tmp_path / "o.wav"))
+    assert (info.format, info.samplerate, info.channels, info.frames) == (
+        "WAV",
+        22050,
+        2,
+        sf.info(str(src)).frames,
+    )
+    bad = cli("-", "-o", "-", "--checkpoint", ckpt, stdin=b"")
+    assert bad.returncode == 1 and b"<stdin>: empty input" in bad.stderr and bad.stdout == b""
+
+
+def test_competition_map_npz_and_png(tmp_path: Path, ckpt: str) -> None:
+    src = tmp_path / "a.wav"
+    sf.write(src, noisy(1.0, 16000), 16000)
+    assert (
+        cli(
+            str(src),
+            "-o",
+            str(tmp_path / "o.wav"),
+            "--checkpoint",
+            ckpt,
+            "--competition-map",
+            str(tmp_path / "m.npz"),
+        ).returncode
+        == 0
+    )
+    data = np.load(tmp_path / "m.npz")
+    assert list(data["blocks"]) == [2]
+    maps = data["block2"]
+    assert maps.shape == (1, 64, 2)  # 1 channel, ceil(16000/256)+1 frames, 2 mechanisms
+    assert np.allclose(maps.sum(-1), 1.0, atol=1e-5)
+    assert data["frame_times"].shape == (64,)
+    png = tmp_path / "m.png"
+    proc = cli(str(src), "-o", str(tmp_path / "o2.wav"), "--checkpoint", ckpt, "--competition-map", str(png))
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_json_quiet_version_help(tmp_path: Path, ckpt: str) -> None:
+    src = tmp_path / "a.wav"
+    sf.write(src, noisy(0.5, 16000), 16000)
+    proc = cli(str(src), "-o", str(tmp_path / "o.wav"), "--checkpoint", ckpt, "--json", "--quiet")
+    assert proc.returncode == 0
+    summary = json.loads(proc.stdout)
+    f = summary["files"][0]
+    assert f["ok"] and f["sample_rate"] == 16000 and f["duration_s"] == 0.5 and f["output"].endswith("o.wav")
+    quiet = cli(str(src), "-o", str(tmp_path / "o3.wav"), "--checkpoint", ckpt, "--quiet")
+    assert quiet.returncode == 0 and quiet.stderr == b"" and quiet.stdout == b""
+    assert cli("--version").stdout.decode().startswith("enhance-cli ")
+    help_text = cli("--help").stdout.decode()
+    assert "Examples:" in help_text and "--competition-map" in help_text
+
+
+def test_usage_errors_exit_2(tmp_path: Path, ckpt: str) -> None:
+    assert cli("x.wav", "--model", "no-such-model").returncode == 2
+    assert cli("x.wav", "--checkpoint", str(tmp_path / "nope.safetensors")).returncode == 2
+    proc = cli("x.wav", "--checkpoint", ckpt, "--competition-map", "m.jpg")
+    assert proc.returncode == 2 and b".png or .npz" in proc.stderr
