@@ -10,6 +10,7 @@ position attention); ``n_groups == 1`` is ordinary multi-head attention.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -87,6 +88,16 @@ def banded_attention(
     return torch.cat(outs, dim=-2)
 
 
+class KVCache(NamedTuple):
+    """Keys and values of the last ``context_frames`` frames one attention layer has seen: ``[B, H, n, Dh]``.
+
+    Streaming state: ``n`` never exceeds ``context_frames``, so memory is bounded however long the stream.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+
 class MultiHeadAttention(nn.Module):
     """Banded causal self-attention on ``[B, T, G, d_model / G]`` (G = ``cfg.n_groups``)."""
 
@@ -104,10 +115,25 @@ class MultiHeadAttention(nn.Module):
         # [B, T, G, d/G] -> [B, T, H, Dh] (heads of mechanism g are g*H/G ... (g+1)*H/G-1) -> [B, H, T, Dh]
         return x.reshape(b, t, self.cfg.n_heads, self.cfg.head_dim).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> tuple[torch.Tensor, KVCache | None]:
+        """Offline (``cache`` None): the whole sequence. Incremental: ``x`` holds the frames that follow those of
+        ``cache`` (empty tensors at the start); returns the updated cache."""
         b, t, g, dg = x.shape
         q, k, v = self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
-        p = self.cfg.attn_dropout if self.training else 0.0
-        y = banded_attention(q, k, v, self.cfg.context_frames, p)  # [B, H, T, Dh]
+        ctx = self.cfg.context_frames
+        if cache is None:
+            p = self.cfg.attn_dropout if self.training else 0.0
+            y = banded_attention(q, k, v, ctx, p)  # [B, H, T, Dh]
+        else:
+            keys, values = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
+            past = cache.k.shape[2]
+            mask = banded_causal_mask(t, past + t, ctx, query_offset=past, device=x.device)
+            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            keep = max(0, keys.shape[2] - ctx)  # later queries see lags <= ctx: the last ctx frames
+            cache = KVCache(keys[:, :, keep:], values[:, :, keep:])
         y = y.transpose(1, 2).reshape(b, t, g, dg)
-        return self.o(y)
+        return self.o(y), cache
+
+    def empty_cache(self, batch: int, like: torch.Tensor) -> KVCache:
+        z = like.new_zeros(batch, self.cfg.n_heads, 0, self.cfg.head_dim)
+        return KVCache(z, z)

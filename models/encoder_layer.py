@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from models.attention import AttentionConfig, MultiHeadAttention
+from models.attention import AttentionConfig, KVCache, MultiHeadAttention
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,11 @@ class StandardLayer(nn.Module):
         self.norm2 = nn.LayerNorm(d)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, None]:
-        # h: [B, T, d]; returns (h, competition=None) like TIMLayer
-        a = self.attn(h.unsqueeze(2)).squeeze(2)
-        h = self.norm1(h + self.drop(a))
+    def forward(
+        self, h: torch.Tensor, cache: KVCache | None = None
+    ) -> tuple[torch.Tensor, None, KVCache | None]:
+        # h: [B, T, d]; returns (h, competition=None, attention cache) like TIMLayer
+        a, cache = self.attn(h.unsqueeze(2), cache)
+        h = self.norm1(h + self.drop(a.squeeze(2)))
         h = self.norm2(h + self.drop(self.ffn(h)))
-        return h, None
+        return h, None, cache

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from enhance.stft import STFTConfig
+from models.attention import KVCache, MultiHeadAttention
 from models.encoder_layer import StandardLayer, StandardLayerConfig
 from models.pre_encoder import PreEncoder, PreEncoderConfig
 from models.tim_layer import TIMLayer, TIMLayerConfig
@@ -114,7 +115,7 @@ class Enhancer(nn.Module):
         h = self.pre_encoder(feats)  # [B, T, d_model]
         maps: list[torch.Tensor] = []
         for layer in self.layers:
-            h, c = layer(h)
+            h, c, _ = layer(h)
             if c is not None:
                 maps.append(c)
         if self.cfg.output == "residual":
@@ -122,6 +123,67 @@ class Enhancer(nn.Module):
         else:
             log_mag = F.softplus(self.head(h))
         return EnhancerOutput(log_mag, maps if return_competition else None)
+
+    def step(
+        self, feats: torch.Tensor, state: EnhancerState, final: bool = False, return_competition: bool = False
+    ) -> tuple[EnhancerOutput, EnhancerState]:
+        """Incremental forward for streaming: new input frames [B, n, F] -> the output frames they complete.
+
+        The concatenation of all outputs equals :meth:`forward` on the concatenated input (tested), with
+        ``lookahead_frames`` frames of delay; ``final=True`` (with the last frames, possibly none) releases them.
+        The offline :meth:`forward` stays the reference.
+        """
+        if feats.ndim != 3 or feats.shape[-1] != self.cfg.pre_encoder.n_bins:
+            raise ValueError(
+                f"expected features [B, n, {self.cfg.pre_encoder.n_bins}], got {tuple(feats.shape)}"
+            )
+        return _step(self, feats, state, final, return_competition)
+
+
+@dataclass
+class EnhancerState:
+    """Everything :meth:`Enhancer.step` carries between calls (bounded: nothing grows with the stream's length).
+
+    conv:     per pre-encoder conv, its last ``kernel_size - 1`` input frames            [B, C_in, <= k-1]
+    kv:       per block, keys/values of its last ``context_frames`` frames               KVCache [B, H, <= C, Dh]
+    pending:  input feature frames whose output waits for the lookahead (residual skip)  [B, <= lookahead, F]
+    frames_in / frames_out: frames consumed / produced so far
+    """
+
+    conv: list[torch.Tensor] | None = None
+    kv: list[KVCache] | None = None
+    pending: torch.Tensor | None = None
+    frames_in: int = 0
+    frames_out: int = 0
+
+
+def _attention(layer: nn.Module) -> MultiHeadAttention:
+    assert isinstance(layer, StandardLayer | TIMLayer)
+    return layer.attn
+
+
+def _step(model: Enhancer, feats: torch.Tensor, state: EnhancerState, final: bool, return_competition: bool):
+    h, conv = model.pre_encoder.step(feats, state.conv, final)
+    pending = feats if state.pending is None else torch.cat([state.pending, feats], dim=1)
+    n_out = h.shape[1]
+    kv = state.kv or [_attention(layer).empty_cache(feats.shape[0], feats) for layer in model.layers]
+    maps: list[torch.Tensor] = []
+    new_kv: list[KVCache] = []
+    for layer, cache in zip(model.layers, kv, strict=True):
+        if n_out:
+            h, c, cache = layer(h, cache)
+            if c is not None:
+                maps.append(c)
+        new_kv.append(cache)
+    head = model.head(h)
+    if model.cfg.output == "residual":
+        log_mag = F.relu(pending[:, :n_out] + head)
+    else:
+        log_mag = F.softplus(head)
+    state = EnhancerState(
+        conv, new_kv, pending[:, n_out:], state.frames_in + feats.shape[1], state.frames_out + n_out
+    )
+    return EnhancerOutput(log_mag, maps if return_competition else None), state
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -51,7 +51,11 @@ class ConvBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [B, C_in, T] -> [B, C_out, T]
-        y = self.conv(F.pad(x, self.pad))
+        return self.unpadded(F.pad(x, self.pad))
+
+    def unpadded(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, C_in, T + k - 1] (context included) -> [B, C_out, T]."""
+        y = self.conv(x)
         y = self.norm(y.transpose(1, 2)).transpose(1, 2)  # LayerNorm over channels, per frame
         return self.act(y)
 
@@ -71,3 +75,29 @@ class PreEncoder(nn.Module):
         for block in self.blocks:
             x = block(x)
         return x.transpose(1, 2)  # [B, T, d_model]
+
+    def step(
+        self, feats: torch.Tensor, caches: list[torch.Tensor] | None, final: bool = False
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Incremental forward: new frames [B, n, F] -> the outputs they complete [B, m, d_model].
+
+        ``caches[i]`` holds the last ``kernel_size - 1`` inputs of conv i (its left zero padding at the start).
+        Conv 0 waits ``lookahead_frames`` frames for its future context; ``final`` feeds it the zero frames that
+        the offline path pads the end with. Outputs: m = n - lookahead at the first call, then n.
+        """
+        x = feats.transpose(1, 2)  # [B, F, n]
+        k = self.cfg.kernel_size
+        new_caches = []
+        for i, block in enumerate(self.blocks):
+            assert isinstance(block, ConvBlock)
+            past, future = self.cfg.padding(i)
+            cache = caches[i] if caches is not None else x.new_zeros(x.shape[0], x.shape[1], past)
+            if final and future:
+                x = F.pad(x, (0, future))
+            full = torch.cat([cache, x], dim=-1)
+            new_caches.append(full[..., max(0, full.shape[-1] - (k - 1)) :])
+            if full.shape[-1] < k:
+                x = full.new_zeros(full.shape[0], block.conv.out_channels, 0)
+            else:
+                x = block.unpadded(full)
+        return x.transpose(1, 2), new_caches

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.attention import AttentionConfig, MultiHeadAttention
+from models.attention import AttentionConfig, KVCache, MultiHeadAttention
 from models.group_linear import GroupLayerNorm, GroupLinear
 
 
@@ -99,15 +99,17 @@ class TIMLayer(nn.Module):
             return None
         return torch.softmax(self.score(h).squeeze(-1), dim=-1)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, KVCache | None]:
         b, t, d = x.shape
         h = x.reshape(b, t, self.cfg.n_mechanisms, self.cfg.d_mechanism)  # [B, T, G, d_m]
         c = self.competition(h)
-        m = self.attn(h)
+        m, cache = self.attn(h, cache)
         if c is not None:
             m = m * c.unsqueeze(-1)
         h = self.norm1(h + self.drop(m))
         h = self.norm2(h + self.drop(self.inter(h)))
         f = self.ffn_out(self.drop(self.act(self.ffn_in(h))))
         h = self.norm3(h + self.drop(f))
-        return h.reshape(b, t, d), c
+        return h.reshape(b, t, d), c, cache

@@ -118,12 +118,12 @@ def test_nocomp_is_tim_with_competition_fixed_to_one() -> None:
     nocomp.load_state_dict(state, strict=True)
     h = torch.randn(2, 9, 16, dtype=torch.float64)
     with torch.no_grad():
-        y_nocomp, c_nocomp = nocomp(h)
-        y_comp, c_comp = comp(h)
+        y_nocomp, c_nocomp, _ = nocomp(h)
+        y_comp, c_comp, _ = comp(h)
         assert c_nocomp is None and c_comp is not None
         assert not torch.allclose(y_nocomp, y_comp)  # competition really scales the attention update
         comp.competition = lambda h: torch.ones(*h.shape[:3], dtype=h.dtype)  # type: ignore[method-assign]
-        y_forced, _ = comp(h)
+        y_forced, _, _ = comp(h)
     assert torch.allclose(y_forced, y_nocomp, atol=1e-12)
 
 

@@ -1,0 +1,139 @@
+"""Real-time streaming enhancement: audio in chunks of any size, enhanced audio out with a fixed delay.
+
+    engine = StreamingEnhancer(model)            # one per stream; channels are enhanced independently
+    for chunk in source:                         # [channels, n] float32 at 16 kHz, any n >= 0
+        sink(engine.process(chunk))              # enhanced samples that are final so far
+    sink(engine.flush())                         # the rest; total output length == total input length
+
+The output is sample for sample the offline result (:func:`enhance.offline.enhance_waveform` on the whole input;
+tested for chunk sizes 1 ... seconds). Output sample ``s`` is returned as soon as ``s + 768 - s % 256`` input
+samples have arrived (tested): the delay is one window (32 ms) plus one hop of lookahead (16 ms) minus the part
+of the current hop already received, between 513 and ``latency_samples`` = 768 samples (32-48 ms at 16 kHz).
+
+State (:class:`StreamState`) is explicit and bounded: the input samples of the frame being collected, the noisy
+spectra waiting for their lookahead frame, the model's conv and key/value caches (:class:`EnhancerState`, at most
+``context_frames`` frames per layer) and the overlap-add tail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from enhance.stft import analysis_frames, apply_magnitude, log_magnitude, overlap_add, synthesis_frames
+from models.enhancer import Enhancer, EnhancerState
+
+
+@dataclass
+class StreamState:
+    """Everything the streaming engine carries between calls."""
+
+    channels: int
+    buffer: np.ndarray  # [C, < win] input not yet consumed, padded coordinates from frame `frames_in`'s start
+    spectra: torch.Tensor | None = None  # [C, <= lookahead, F] noisy spectra waiting for their output frame
+    model: EnhancerState = field(default_factory=EnhancerState)
+    tail: np.ndarray | None = None  # [C, win - hop] overlap-add tail of the last output frame
+    received: int = 0  # input samples received
+    emitted: int = 0  # output samples returned
+    frames_in: int = 0  # frames analysed
+
+
+class StreamingEnhancer:
+    def __init__(self, model: Enhancer, channels: int = 1, with_competition: bool = False) -> None:
+        self.model, self.with_competition = model.eval(), with_competition
+        self.cfg = model.cfg.stft
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.channels = channels
+        self.state = self._new_state()
+        # competition scores of the frames output by the last process()/flush() call: per TIM layer [C, m, n_s]
+        self.last_competition: list[np.ndarray] = []
+
+    def _new_state(self) -> StreamState:
+        ov = self.cfg.win_length - self.cfg.hop_length
+        return StreamState(
+            self.channels,
+            buffer=np.zeros((self.channels, ov), np.float32),  # the leading zeros of the offline framing
+            tail=np.zeros((self.channels, ov), np.float32),
+        )
+
+    @property
+    def latency_samples(self) -> int:
+        """Worst-case algorithmic delay: window + lookahead hops (+ the rest of the current hop)."""
+        return self.cfg.win_length + self.model.cfg.lookahead_frames * self.cfg.hop_length
+
+    @property
+    def latency_ms(self) -> float:
+        return 1000.0 * self.latency_samples / self.cfg.sample_rate
+
+    def reset(self) -> None:
+        self.state = self._new_state()
+        self.last_competition = []
+
+    def process(self, chunk: np.ndarray) -> np.ndarray:
+        """Feed ``[channels, n]`` samples (any n); returns the enhanced samples that became final."""
+        st = self.state
+        if chunk.ndim != 2 or chunk.shape[0] != st.channels:
+            raise ValueError(f"expected [{st.channels}, n] samples, got {tuple(chunk.shape)}")
+        if not np.isfinite(chunk).all():
+            raise ValueError("chunk contains NaN or infinite samples")
+        st.buffer = np.concatenate([st.buffer, chunk.astype(np.float32, copy=False)], axis=1)
+        st.received += chunk.shape[1]
+        return self._advance(final=False)
+
+    def flush(self) -> np.ndarray:
+        """End of stream: the remaining samples. The engine is reset and can take a new stream."""
+        st = self.state
+        if st.received == 0:
+            self.reset()
+            return np.zeros((self.channels, 0), np.float32)
+        n_frames = self.cfg.n_frames(st.received)
+        # the offline framing pads the end with zeros up to the last frame
+        need = (n_frames - st.frames_in - 1) * self.cfg.hop_length + self.cfg.win_length
+        if need > st.buffer.shape[1]:
+            st.buffer = np.pad(st.buffer, ((0, 0), (0, need - st.buffer.shape[1])))
+        out = self._advance(final=True, max_frames=n_frames)
+        maps = self.last_competition
+        self.reset()
+        self.last_competition = maps
+        return out
+
+    @torch.inference_mode()
+    def _advance(self, final: bool, max_frames: int | None = None) -> np.ndarray:
+        st, hop, win = self.state, self.cfg.hop_length, self.cfg.win_length
+        ov = win - hop
+        n_new = (st.buffer.shape[1] - win) // hop + 1 if st.buffer.shape[1] >= win else 0
+        if max_frames is not None:
+            n_new = min(n_new, max_frames - st.frames_in)
+        if n_new > 0:
+            seg = torch.from_numpy(np.ascontiguousarray(st.buffer[:, : (n_new - 1) * hop + win]))
+            spec = analysis_frames(seg.to(self.device, self.dtype), self.cfg)  # [C, n_new, F]
+            st.buffer = st.buffer[:, n_new * hop :]
+            st.frames_in += n_new
+        else:
+            cdtype = torch.promote_types(self.dtype, torch.complex64)
+            spec = torch.zeros(st.channels, 0, self.cfg.n_bins, dtype=cdtype, device=self.device)
+        if n_new == 0 and not final:
+            self.last_competition = []
+            return np.zeros((st.channels, 0), np.float32)
+        out, st.model = self.model.step(log_magnitude(spec), st.model, final, self.with_competition)
+        spectra = spec if st.spectra is None else torch.cat([st.spectra, spec], dim=1)
+        m = out.log_mag.shape[1]
+        first_frame = st.model.frames_out - m
+        st.spectra = spectra[:, m:]
+        self.last_competition = [c.float().cpu().numpy() for c in (out.competition or [])]
+        if m == 0:
+            return np.zeros((st.channels, 0), np.float32)
+        frames = synthesis_frames(apply_magnitude(out.log_mag, spectra[:, :m]), self.cfg)
+        wav = overlap_add(frames, self.cfg).float().cpu().numpy()  # padded [first*hop, (first+m-1)*hop + win)
+        assert st.tail is not None
+        wav[:, :ov] += st.tail
+        st.tail = wav[:, m * hop : m * hop + ov].copy()
+        # padded samples [first*hop, (first+m)*hop) are final; input coordinates are padded - ov
+        start_in, stop_in = first_frame * hop - ov, min((first_frame + m) * hop - ov, st.received)
+        lo = max(st.emitted, start_in, 0)
+        piece = wav[:, lo - start_in : max(stop_in - start_in, lo - start_in)]
+        st.emitted = max(st.emitted, stop_in)
+        return piece

@@ -1,0 +1,153 @@
+"""The streaming engine: sample-for-sample equal to offline, bounded state, measured latency."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from enhance.offline import enhance_waveform
+from enhance.streaming import StreamingEnhancer
+from models import Enhancer, get_config
+from models.enhancer import EnhancerState
+from models.registry import paper_config
+
+TINY = ["tiny", "tiny-transformer", "tiny-nocomp", "tiny-tim4"]
+
+
+def _model(name_or_cfg, seed: int = 0) -> Enhancer:
+    torch.manual_seed(seed)
+    cfg = get_config(name_or_cfg) if isinstance(name_or_cfg, str) else name_or_cfg
+    return Enhancer(cfg).double().eval()
+
+
+def _stream(engine: StreamingEnhancer, x: np.ndarray, sizes) -> tuple[np.ndarray, list[list[np.ndarray]]]:
+    outs, maps, i = [], [], 0
+    for k in sizes:
+        if i >= x.shape[1]:
+            break
+        outs.append(engine.process(x[:, i : i + k]))
+        maps.append(engine.last_competition)
+        i += k
+    assert i >= x.shape[1]
+    outs.append(engine.flush())
+    maps.append(engine.last_competition)
+    return np.concatenate(outs, axis=1), maps
+
+
+def _sizes(kind, rng: np.random.Generator):
+    while True:
+        yield int(rng.integers(0, 700)) if kind == "random" else kind
+
+
+@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("chunk", [1, 7, 256, 1000, "random"])
+def test_streaming_equals_offline(name: str, chunk) -> None:
+    model = _model(name)
+    rng = np.random.default_rng(1)
+    for n in (1, 257, 3001) if chunk != 1 else (1, 1283):
+        x = (rng.standard_normal((2, n)) * 0.1).astype(np.float32)
+        ref = enhance_waveform(model, x, return_competition=True)
+        y, maps = _stream(StreamingEnhancer(model, 2, with_competition=True), x, _sizes(chunk, rng))
+        assert y.shape == x.shape
+        assert np.abs(y - ref.wav).max() < 1e-6, (n, np.abs(y - ref.wav).max())
+        assert ref.competition is not None
+        if ref.competition:  # frames' competition scores, in order, as offline
+            got = np.concatenate([m[0] for m in maps if m], axis=1)
+            assert np.abs(got - ref.competition[0]).max() < 1e-9
+
+
+@pytest.mark.parametrize("n_mech", [1, 2, 4])
+def test_paper_sized_model_streams_like_offline(n_mech: int) -> None:
+    model = _model(paper_config(n_mech, context_frames=6))
+    x = (np.random.default_rng(2).standard_normal((1, 5000)) * 0.1).astype(np.float32)
+    ref = enhance_waveform(model, x).wav
+    y, _ = _stream(StreamingEnhancer(model), x, _sizes(300, np.random.default_rng(0)))
+    assert np.abs(y - ref).max() < 1e-6
+
+
+def test_model_step_equals_forward_for_any_split() -> None:
+    model = _model("tiny")
+    x = torch.rand(2, 40, 257, dtype=torch.float64) * 3
+    with torch.no_grad():
+        ref = model(x, return_competition=True)
+        for sizes in ([1] * 40, [3] * 13 + [1], [40], [7, 0, 5, 28]):
+            state, outs, maps, i = EnhancerState(), [], [], 0
+            for n in sizes:
+                out, state = model.step(x[:, i : i + n], state, return_competition=True)
+                outs.append(out.log_mag)
+                maps.extend(out.competition or [])
+                i += n
+            out, state = model.step(x[:, i:], state, final=True, return_competition=True)
+            outs.append(out.log_mag)
+            maps.extend(out.competition or [])
+            assert torch.allclose(torch.cat(outs, 1), ref.log_mag, atol=1e-12)
+            assert ref.competition is not None
+            assert torch.allclose(torch.cat(maps, 1), ref.competition[0], atol=1e-12)
+            assert state.frames_out == 40
+
+
+def _state_sizes(engine: StreamingEnhancer) -> tuple:
+    st = engine.state
+    assert st.model.kv is not None and st.model.conv is not None and st.spectra is not None
+    return (
+        st.buffer.shape,
+        tuple(st.spectra.shape),
+        tuple(tuple(c.shape) for c in st.model.conv),
+        tuple(tuple(kv.k.shape) for kv in st.model.kv),
+        None if st.model.pending is None else tuple(st.model.pending.shape),
+    )
+
+
+def test_state_stays_bounded_over_a_long_stream() -> None:
+    model = _model("tiny").float()
+    engine = StreamingEnhancer(model)
+    rng = np.random.default_rng(3)
+    chunk = (rng.standard_normal((1, 16000 * 10)) * 0.1).astype(np.float32)
+    sizes = []
+    for i in range(60):  # 10 minutes of audio in 10-s chunks
+        engine.process(chunk)
+        if i in (5, 59):
+            sizes.append(_state_sizes(engine))
+    assert sizes[0] == sizes[1]
+    kv_frames = [s[2] for s in sizes[1][3]]
+    assert max(kv_frames) <= model.cfg.context_frames
+    assert engine.state.buffer.shape[1] < model.cfg.stft.win_length
+
+
+def test_latency_matches_the_documented_formula() -> None:
+    """Feed one sample at a time and record when each output sample comes out."""
+    engine = StreamingEnhancer(_model("tiny").float())
+    x = (np.random.default_rng(4).standard_normal((1, 2000)) * 0.1).astype(np.float32)
+    emitted_at = np.full(2000, -1)
+    done = 0
+    for i in range(2000):
+        out = engine.process(x[:, i : i + 1])
+        emitted_at[done : done + out.shape[1]] = i + 1  # input samples received when it came out
+        done += out.shape[1]
+    s = np.arange(done)
+    assert done > 1000
+    assert np.array_equal(emitted_at[:done], np.minimum(s + 768 - s % 256, 2000))
+    delay = emitted_at[:done] - s
+    assert delay.max() == engine.latency_samples == 768 and engine.latency_ms == 48.0
+    assert delay.min() == 513
+
+
+def test_flush_resets_for_the_next_stream() -> None:
+    model = _model("tiny")
+    engine = StreamingEnhancer(model)
+    x = (np.random.default_rng(5).standard_normal((1, 1500)) * 0.1).astype(np.float32)
+    a = np.concatenate([engine.process(x), engine.flush()], axis=1)
+    b = np.concatenate([engine.process(x), engine.flush()], axis=1)
+    assert np.array_equal(a, b)
+    assert engine.flush().shape == (1, 0)
+
+
+def test_bad_chunks_are_refused() -> None:
+    engine = StreamingEnhancer(_model("tiny"), channels=2)
+    with pytest.raises(ValueError, match=r"expected \[2, n\]"):
+        engine.process(np.zeros((1, 10), np.float32))
+    bad = np.zeros((2, 10), np.float32)
+    bad[1, 3] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        engine.process(bad)
