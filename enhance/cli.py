@@ -71,8 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--competition-map", metavar="FILE", help="write the competition maps: .png (drawn) or .npz (data)"
     )
     p.add_argument(
-        "--chunk-seconds", type=float, default=32.0, help="model chunk (memory vs. speed; exact anyway)"
+        "--chunk-seconds",
+        type=float,
+        default=160.0,
+        help="audio per model pass; longer files are split with exact overlap (memory vs. speed; default %(default)s)",
     )
+    p.add_argument("--threads", type=int, help="CPU threads for the model (default: PyTorch's choice)")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no per-file lines")
     p.add_argument("--version", action="version", version=f"enhance-cli {_version()}")
@@ -224,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
         and Path(args.competition_map).suffix not in (".png", ".npz")
     ):
         parser.error("--competition-map must end with .png or .npz")
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
     try:
         torch.device(args.device)
         ck = load_model(args)

@@ -12,7 +12,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# one thread: the models in tests are small, and more threads only contend (with each other and with
+# whatever else runs, e.g. a training job), which made a 4-s test take minutes
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # for the subprocesses the tests start
 
 
 def speech_like(seconds: float, rate: int = 16000, seed: int = 0, f0: float = 140.0) -> np.ndarray:

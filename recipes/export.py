@@ -1,0 +1,134 @@
+"""Ship a trained run as a bundled model: evaluate it, copy its weights into the package, write its model card and
+the golden-test targets.
+
+    python -m recipes.export --run runs/default-tim --name default --pairs ../shared/data
+
+Writes ``models/pretrained/<name>.safetensors`` (the run's best checkpoint, with the evaluation summary added to
+its training metadata), ``models/pretrained/<name>.md`` (model card) and, for the default model,
+``tests/golden/example.json`` (metrics of the committed example clip, checked by ``tests/test_golden.py``).
+Every number in the card comes from this command's own evaluation run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+
+from enhance.audio_io import atomic_path
+from enhance.offline import enhance_waveform
+from models.checkpoint import load_checkpoint, save_checkpoint
+from models.enhancer import count_parameters
+from models.pretrained import DEFAULT_MODEL, PRETRAINED_DIR
+from recipes.evaluate import evaluate, markdown_table
+from recipes.metrics import pesq_wb, si_sdr, stoi
+from recipes.pairs import discover_pairs
+from recipes.run_folder import read_csv
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_NOISY, EXAMPLE_CLEAN = ROOT / "examples" / "noisy.wav", ROOT / "examples" / "clean.wav"
+GOLDEN = ROOT / "tests" / "golden" / "example.json"
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def example_metrics(model: Any) -> dict[str, dict[str, float]]:
+    """PESQ/STOI/SI-SDR of the committed example clip, noisy and enhanced (as the golden test computes them)."""
+    noisy, _ = sf.read(EXAMPLE_NOISY, dtype="float32")
+    clean, _ = sf.read(EXAMPLE_CLEAN, dtype="float32")
+    enhanced = enhance_waveform(model, noisy[None]).wav[0]
+    return {
+        name: {"pesq": pesq_wb(clean, x), "stoi": stoi(clean, x), "si_sdr": si_sdr(clean, x)}
+        for name, x in (("noisy", noisy), ("enhanced", enhanced))
+    }
+
+
+def model_card(
+    name: str, ck: Any, run: Path, evaluation: dict[str, Any], pairs_root: str, rows: list[dict[str, str]]
+) -> str:
+    cfg = json.loads((run / "config.json").read_text())
+    train, data = cfg["train"], cfg["data"]
+    best = min(rows, key=lambda r: float(r["val_loss"]))
+    epochs = len(rows)
+    return (
+        f"""# Bundled model `{name}`
+
+- **Architecture**: `{ck.name}` ({count_parameters(ck.model):,} parameters), {ck.config.n_layers} blocks, TIM blocks
+  {list(ck.config.tim_blocks)}, n_s = {ck.config.n_mechanisms}, output `{ck.config.output}`, lookahead
+  {ck.config.lookahead_frames} frame, attention context {ck.config.context_frames} frames.
+- **Training data**: the shared development corpus (`{", ".join(data.get("speech") or [])}` speech +
+  `{", ".join(data.get("noise") or [])}` noise, dynamic mixing at SNR uniform in {data["mixing"]["snr_db"]} dB,
+  mixture level {data["mixing"]["level_dbfs"]} dBFS, {data["mixing"]["segment_seconds"]} s segments). Speech:
+  LibriSpeech (CC BY 4.0), LJSpeech (public domain), Tux Paint descriptions (GPL-2). Noise: freesound-events (no licence
+  stated; internal R&D use), Hu nonspeech (research corpus), Speech Commands background (CC BY 4.0), SoundBible
+  (per-clip terms), Tux Paint effects (GPL-2). See the corpus README for sources. **Because of the noise licences,
+  treat these weights as internal R&D material, not for redistribution.**
+- **Training**: Adam lr {train["lr"]}, batch {train["batch_size"]}, lr x{train["lr_factor"]} after {train["lr_patience"]}
+  epochs without validation improvement, seed {train["seed"]}, on the CPU. **{epochs} epochs done of {train["epochs"]}
+  planned** (one epoch = one pass over the speech files in 4-s segments); these weights are from epoch
+  {best["epoch"]} (lowest validation loss, {float(best["val_loss"]):.4f}).
+- **Validation / evaluation data**: the corpus' 120 fixed dev pairs (`{pairs_root}`; held-out LibriSpeech speakers and
+  held-out noise files at 0-15 dB SNR). They were used to pick the epoch, so the numbers below are validation numbers,
+  not a test-set result, and not comparable with VoiceBank-DEMAND or DNS Challenge results.
+
+## Measured on the {evaluation["n_evaluated"]} dev pairs
+
+{markdown_table(evaluation["summary"])}
+Files where a metric failed are counted in `n_failed`. Reproduce:
+`python -m recipes.export --run {run} --name {name} --pairs {pairs_root}` (exported {time.strftime("%Y-%m-%d")}).
+
+## Training curve
+
+| epoch | train loss | val loss | val SI-SDR (dB) | lr |
+|---|---|---|---|---|
+"""
+        + "\n".join(
+            f"| {r['epoch']} | {float(r['train_loss']):.4f} | {float(r['val_loss']):.4f} | {float(r['val_si_sdr']):.2f} | {float(r['lr']):.1e} |"
+            for r in rows
+        )
+        + "\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", required=True, help="training run folder")
+    ap.add_argument("--name", default=DEFAULT_MODEL)
+    ap.add_argument("--pairs", required=True, help="paired dev/test folder to evaluate on")
+    ap.add_argument("--no-dnsmos", action="store_true")
+    ap.add_argument("--limit", type=int)
+    args = ap.parse_args(argv)
+    run = Path(args.run)
+    ck = load_checkpoint(run / "best.safetensors")
+    out = run / f"eval-{args.name}"
+    evaluation = evaluate(
+        ck.model, discover_pairs(args.pairs).pairs, out, dnsmos=not args.no_dnsmos, limit=args.limit
+    )
+    rows = read_csv(run / "metrics.csv")
+    training = {**ck.training, "evaluation": {"pairs": args.pairs, "summary": evaluation["summary"]}}
+    training = json.loads(json.dumps(training, default=float).replace("NaN", "null"))
+    target = PRETRAINED_DIR / f"{args.name}.safetensors"
+    save_checkpoint(target, ck.model, ck.name, training)
+    card = model_card(args.name, ck, run, evaluation, args.pairs, rows)
+    with atomic_path(PRETRAINED_DIR / f"{args.name}.md") as tmp:
+        Path(tmp).write_text(card)
+    if args.name == DEFAULT_MODEL:
+        golden = {"model_sha256": sha256(target), **example_metrics(load_checkpoint(target).model)}
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(GOLDEN) as tmp:
+            Path(tmp).write_text(json.dumps(golden, indent=2, default=lambda v: float(np.float64(v))) + "\n")
+    print(card)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
