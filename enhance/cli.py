@@ -9,6 +9,8 @@ Examples:
   enhance-cli - -o - < noisy.wav > clean.wav         stdin to stdout (WAV out unless --format)
   enhance-cli noisy.wav -o clean.wav --competition-map maps.png   also draw the TIM competition maps
   enhance-cli noisy.wav -o clean.wav --checkpoint runs/x/best.safetensors --json
+  enhance-cli --stream noisy.wav -o clean.wav        the real-time engine on a file (output aligned with input)
+  arecord -f S16_LE -r 16000 -t raw | enhance-cli --stream - -o - | aplay -f S16_LE -r 16000 -t raw
 
 Exit status: 0 when every file was enhanced, 1 when any file failed (the others are still processed),
 2 for usage errors (bad flags, unknown model).
@@ -28,6 +30,7 @@ import torch
 
 from enhance.audio_io import AudioError, atomic_path
 from enhance.files import FileResult, enhance_bytes, enhance_file
+from enhance.pipe import stream_pcm
 from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from models.pretrained import DEFAULT_MODEL, load_pretrained
 
@@ -77,6 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="audio per model pass; longer files are split with exact overlap (memory vs. speed; default %(default)s)",
     )
     p.add_argument("--threads", type=int, help="CPU threads for the model (default: PyTorch's choice)")
+    s = p.add_argument_group("real-time streaming")
+    s.add_argument(
+        "--stream",
+        action="store_true",
+        help="use the real-time engine (16 ms steps); '- -o -' becomes a raw PCM pipe (output lags by <= 48 ms)",
+    )
+    s.add_argument("--pcm", choices=["s16le", "f32le"], default="s16le", help="raw pipe sample format")
+    s.add_argument("--rate", type=int, default=16000, help="raw pipe sample rate (default %(default)s)")
+    s.add_argument("--channels", type=int, default=1, help="raw pipe channels (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no per-file lines")
     p.add_argument("--version", action="version", version=f"enhance-cli {_version()}")
@@ -158,6 +170,21 @@ def run_one(ck: Checkpoint, src: str, dst: str, args: argparse.Namespace, progre
         except Exception:
             pass  # enhance_file reports the problem
     try:
+        if args.stream and src == "-":
+            if dst != "-":
+                raise AudioError(
+                    "<stdin>: --stream reads raw PCM from stdin and writes it to stdout: use -o -"
+                )
+            n = stream_pcm(
+                ck.model,
+                sys.stdin.buffer,
+                sys.stdout.buffer,
+                rate=args.rate,
+                channels=args.channels,
+                pcm=args.pcm,
+            )
+            return FileResult("<stdin>", "-", True, sample_rate=args.rate, channels=args.channels, frames=n)
+        stream_block = ck.config.stft.hop_length if args.stream else None
         if src != "-" and dst != "-":
             return enhance_file(
                 ck.model,
@@ -166,6 +193,7 @@ def run_one(ck: Checkpoint, src: str, dst: str, args: argparse.Namespace, progre
                 overwrite=args.overwrite,
                 out_subtype=args.subtype,
                 chunk_frames=chunk_frames,
+                stream_block=stream_block,
                 with_competition=want_maps,
                 on_progress=progress.update,
             )
@@ -184,6 +212,7 @@ def run_one(ck: Checkpoint, src: str, dst: str, args: argparse.Namespace, progre
             out_format=fmt,
             out_subtype=args.subtype,
             chunk_frames=chunk_frames,
+            stream_block=stream_block,
             with_competition=want_maps,
         )
         if dst == "-":

@@ -23,6 +23,7 @@ import soxr
 
 from enhance.audio_io import MODEL_RATE, AudioError, _format_from_suffix, atomic_path, read_info
 from enhance.chunked import ChunkedEnhancer
+from enhance.streaming import StreamingEnhancer
 from models.enhancer import Enhancer
 
 BLOCK_SECONDS = 10.0
@@ -78,10 +79,15 @@ def enhance_stream(
     out_format: str | None = None,
     out_subtype: str | None = None,
     chunk_frames: int = 2000,
+    stream_block: int | None = None,
     with_competition: bool = False,
     on_progress: Callable[[int], None] | None = None,
 ) -> FileResult:
-    """Enhance the audio of ``src`` into ``dst`` (both paths or file objects). Raises :class:`AudioError`."""
+    """Enhance the audio of ``src`` into ``dst`` (both paths or file objects). Raises :class:`AudioError`.
+
+    ``stream_block`` (samples at 16 kHz) selects the real-time engine fed that many samples at a time, as a live
+    stream would be; otherwise the chunked offline engine runs. Both give the same samples (tested).
+    """
     t0 = time.perf_counter()
     try:
         fin = sf.SoundFile(src)
@@ -99,7 +105,20 @@ def enhance_stream(
         if subtype is not None and not sf.check_format(fmt, subtype):
             raise AudioError(f"{name}: subtype {subtype} cannot be written in format {fmt}")
         clip = subtype is None or subtype not in ("FLOAT", "DOUBLE")
-        engine = ChunkedEnhancer(model, channels, chunk_frames, with_competition)
+        engine: ChunkedEnhancer | StreamingEnhancer
+        if stream_block is None:
+            engine = ChunkedEnhancer(model, channels, chunk_frames, with_competition)
+        else:
+            engine = StreamingEnhancer(model, channels, with_competition)
+
+        def run(x16: np.ndarray) -> np.ndarray:
+            if stream_block is None or x16.shape[1] <= stream_block:
+                return engine.process(x16)
+            pieces = [
+                engine.process(x16[:, i : i + stream_block]) for i in range(0, x16.shape[1], stream_block)
+            ]
+            return np.concatenate(pieces, axis=1)
+
         down, up = _resampler(rate, MODEL_RATE, channels), _resampler(MODEL_RATE, rate, channels)
         written = 0
         peak = 0.0
@@ -127,7 +146,7 @@ def enhance_stream(
                             f"{name}: {int((~np.isfinite(block)).sum())} sample(s) are NaN or infinite"
                         )
                     peak = max(peak, float(np.abs(block).max(initial=0.0)))
-                    emit(engine.process(_through(down, block).T))
+                    emit(run(_through(down, block).T))
                     if on_progress is not None:
                         on_progress(len(block))
             except sf.LibsndfileError as exc:
@@ -135,7 +154,7 @@ def enhance_stream(
             if peak == 0.0:
                 raise AudioError(f"{name}: all samples are zero (digital silence), nothing to enhance")
             tail = _through(down, np.zeros((0, channels), np.float32), last=True)
-            rest = np.concatenate([engine.process(tail.T), engine.flush()], axis=1)
+            rest = np.concatenate([run(np.ascontiguousarray(tail.T)), engine.flush()], axis=1)
             emit(rest, last=True)
             if written < frames:  # resampler rounding: pad the last few samples
                 fout.write(np.zeros((frames - written, channels), np.float32))

@@ -50,6 +50,7 @@ class StreamingEnhancer:
         self.state = self._new_state()
         # competition scores of the frames output by the last process()/flush() call: per TIM layer [C, m, n_s]
         self.last_competition: list[np.ndarray] = []
+        self._maps: list[list[np.ndarray]] = []  # all of the current stream's, for competition()
 
     def _new_state(self) -> StreamState:
         ov = self.cfg.win_length - self.cfg.hop_length
@@ -71,10 +72,17 @@ class StreamingEnhancer:
     def reset(self) -> None:
         self.state = self._new_state()
         self.last_competition = []
+        self._maps = []
+
+    def competition(self) -> list[np.ndarray]:
+        """Competition maps of every frame of the current (or just flushed) stream: per TIM layer [C, T, n_s]."""
+        return [np.concatenate(chunks, axis=1) for chunks in self._maps]
 
     def process(self, chunk: np.ndarray) -> np.ndarray:
         """Feed ``[channels, n]`` samples (any n); returns the enhanced samples that became final."""
         st = self.state
+        if st.received == 0:
+            self._maps = []  # a new stream
         if chunk.ndim != 2 or chunk.shape[0] != st.channels:
             raise ValueError(f"expected [{st.channels}, n] samples, got {tuple(chunk.shape)}")
         if not np.isfinite(chunk).all():
@@ -95,9 +103,7 @@ class StreamingEnhancer:
         if need > st.buffer.shape[1]:
             st.buffer = np.pad(st.buffer, ((0, 0), (0, need - st.buffer.shape[1])))
         out = self._advance(final=True, max_frames=n_frames)
-        maps = self.last_competition
-        self.reset()
-        self.last_competition = maps
+        self.state = self._new_state()  # ready for a new stream; the competition of this one stays readable
         return out
 
     @torch.inference_mode()
@@ -124,6 +130,11 @@ class StreamingEnhancer:
         first_frame = st.model.frames_out - m
         st.spectra = spectra[:, m:]
         self.last_competition = [c.float().cpu().numpy() for c in (out.competition or [])]
+        if self.with_competition and self.last_competition:
+            if not self._maps:
+                self._maps = [[] for _ in self.last_competition]
+            for store, c in zip(self._maps, self.last_competition, strict=True):
+                store.append(c)
         if m == 0:
             return np.zeros((st.channels, 0), np.float32)
         frames = synthesis_frames(apply_magnitude(out.log_mag, spectra[:, :m]), self.cfg)

@@ -253,3 +253,56 @@ def test_usage_errors_exit_2(tmp_path: Path, ckpt: str) -> None:
     assert cli("x.wav", "--checkpoint", str(tmp_path / "nope.safetensors")).returncode == 2
     proc = cli("x.wav", "--checkpoint", ckpt, "--competition-map", "m.jpg")
     assert proc.returncode == 2 and b".png or .npz" in proc.stderr
+
+
+def test_stream_file_mode_equals_offline(tmp_path: Path, ckpt: str) -> None:
+    x = noisy(2.3, 16000, channels=2)
+    src = tmp_path / "in.wav"
+    sf.write(src, x, 16000, subtype="FLOAT")
+    proc = cli(
+        "--stream",
+        str(src),
+        "-o",
+        str(tmp_path / "o.wav"),
+        "--checkpoint",
+        ckpt,
+        "--competition-map",
+        str(tmp_path / "m.npz"),
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    out, _ = load_audio(tmp_path / "o.wav")
+    ref = enhance_audio(
+        load_checkpoint(ckpt).model, np.ascontiguousarray(x.T), 16000, return_competition=True
+    )
+    assert np.abs(out - ref.wav).max() < 1e-5
+    assert ref.competition is not None
+    assert np.abs(np.load(tmp_path / "m.npz")["block2"] - ref.competition[0]).max() < 1e-5
+
+
+def test_stream_raw_pcm_pipe(ckpt: str) -> None:
+    x = noisy(1.7, 16000)[:, 0]
+    pcm = np.round(x * 32768).clip(-32768, 32767).astype(np.int16)
+    proc = cli("--stream", "-", "-o", "-", "--checkpoint", ckpt, stdin=pcm.tobytes())
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = np.frombuffer(proc.stdout, np.int16)
+    assert out.shape == pcm.shape
+    ref = enhance_audio(load_checkpoint(ckpt).model, (pcm.astype(np.float32) / 32768)[None], 16000).wav[0]
+    assert np.abs(out.astype(np.float32) / 32768 - ref).max() <= 1.0 / 32768 + 1e-6
+    # at another rate and with two channels (resampled inside): lengths are kept
+    stereo = np.repeat(pcm[:, None], 2, axis=1)
+    proc = cli(
+        "--stream",
+        "-",
+        "-o",
+        "-",
+        "--checkpoint",
+        ckpt,
+        "--rate",
+        "48000",
+        "--channels",
+        "2",
+        stdin=stereo.tobytes(),
+    )
+    assert proc.returncode == 0 and len(proc.stdout) == stereo.nbytes
+    bad = cli("--stream", "-", "-o", "x.wav", "--checkpoint", ckpt, stdin=pcm.tobytes())
+    assert bad.returncode == 1 and b"use -o -" in bad.stderr

@@ -1,0 +1,86 @@
+"""Real-time raw PCM pipes: interleaved PCM on one stream in, enhanced PCM out as soon as it is final.
+
+    arecord -f S16_LE -r 16000 -c 1 -t raw | enhance-cli --stream - -o - | aplay -f S16_LE -r 16000 -c 1 -t raw
+
+The output is the enhanced signal sample for sample, aligned with the input (nothing is prepended): each output
+sample is written at most ``StreamingEnhancer.latency_ms`` (48 ms) after its input sample arrived, plus the
+resampler's delay when ``rate`` is not 16 kHz. The delay is not compensated in the stream itself (it cannot be, in
+real time); in file mode (``enhance-cli --stream in.wav -o out.wav``) the output file is aligned with the input.
+"""
+
+from __future__ import annotations
+
+from typing import BinaryIO
+
+import numpy as np
+import soxr
+
+from enhance.audio_io import MODEL_RATE, AudioError
+from enhance.streaming import StreamingEnhancer
+from models.enhancer import Enhancer
+
+PCM_FORMATS: dict[str, tuple[type[np.generic], float]] = {
+    "s16le": (np.int16, 32768.0),
+    "f32le": (np.float32, 1.0),
+}
+
+
+def stream_pcm(
+    model: Enhancer,
+    fin: BinaryIO,
+    fout: BinaryIO,
+    *,
+    rate: int,
+    channels: int,
+    pcm: str = "s16le",
+    block: int = 256,
+) -> int:
+    """Enhance raw interleaved PCM from ``fin`` to ``fout`` until end of input; returns samples written."""
+    dtype, scale = PCM_FORMATS[pcm]
+    width = np.dtype(dtype).itemsize * channels
+    engine = StreamingEnhancer(model, channels)
+    down = soxr.ResampleStream(rate, MODEL_RATE, channels, dtype="float32") if rate != MODEL_RATE else None
+    up = soxr.ResampleStream(MODEL_RATE, rate, channels, dtype="float32") if rate != MODEL_RATE else None
+    received = written = 0
+    pending = b""
+
+    def write(y16: np.ndarray, last: bool = False) -> None:
+        nonlocal written
+        y = y16.T if up is None else up.resample_chunk(np.ascontiguousarray(y16.T), last=last)
+        y = y[: max(0, received - written)]
+        if dtype is np.int16:
+            out = np.clip(np.round(y * scale), -32768, 32767).astype(np.int16)
+        else:
+            out = y.astype(np.float32)
+        fout.write(out.tobytes())
+        fout.flush()
+        written += len(y)
+
+    read = getattr(fin, "read1", fin.read)
+    while True:
+        data = read(block * width)
+        if not data:
+            break
+        data = pending + data
+        n = len(data) // width
+        pending = data[n * width :]
+        if n == 0:
+            continue
+        x = np.frombuffer(data[: n * width], dtype).reshape(n, channels).astype(np.float32) / scale
+        if not np.isfinite(x).all():
+            raise AudioError("<stdin>: NaN or infinite samples in the PCM stream")
+        received += n
+        x16 = x if down is None else down.resample_chunk(x)
+        write(engine.process(np.ascontiguousarray(x16.T)))
+    if down is not None:
+        write(
+            engine.process(
+                np.ascontiguousarray(down.resample_chunk(np.zeros((0, channels), np.float32), last=True).T)
+            )
+        )
+    write(engine.flush(), last=True)
+    if written < received:
+        fout.write(np.zeros((received - written) * channels, dtype).tobytes())
+        fout.flush()
+        written = received
+    return written
