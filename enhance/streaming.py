@@ -17,13 +17,14 @@ spectra waiting for their lookahead frame, the model's conv and key/value caches
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from enhance.stft import analysis_frames, apply_magnitude, log_magnitude, overlap_add, synthesis_frames
-from models.enhancer import Enhancer, EnhancerState
+from models.enhancer import Enhancer
 
 
 @dataclass
@@ -33,7 +34,7 @@ class StreamState:
     channels: int
     buffer: np.ndarray  # [C, < win] input not yet consumed, padded coordinates from frame `frames_in`'s start
     spectra: torch.Tensor | None = None  # [C, <= lookahead, F] noisy spectra waiting for their output frame
-    model: EnhancerState = field(default_factory=EnhancerState)
+    model: Any = None  # the backend's state: EnhancerState (PyTorch) or OnnxState
     tail: np.ndarray | None = None  # [C, win - hop] overlap-add tail of the last output frame
     received: int = 0  # input samples received
     emitted: int = 0  # output samples returned
@@ -41,8 +42,13 @@ class StreamState:
 
 
 class StreamingEnhancer:
-    def __init__(self, model: Enhancer, channels: int = 1, with_competition: bool = False) -> None:
+    def __init__(
+        self, model: Enhancer, channels: int = 1, with_competition: bool = False, backend: Any = None
+    ) -> None:
+        """``backend``: None runs ``model.step`` (PyTorch); an :class:`enhance.onnx_backend.OnnxStepper` runs the
+        exported step with onnxruntime. Both give the same samples."""
         self.model, self.with_competition = model.eval(), with_competition
+        self.backend = backend if backend is not None else model
         self.cfg = model.cfg.stft
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -57,6 +63,7 @@ class StreamingEnhancer:
         return StreamState(
             self.channels,
             buffer=np.zeros((self.channels, ov), np.float32),  # the leading zeros of the offline framing
+            model=self.backend.new_state(self.channels),
             tail=np.zeros((self.channels, ov), np.float32),
         )
 
@@ -124,7 +131,8 @@ class StreamingEnhancer:
         if n_new == 0 and not final:
             self.last_competition = []
             return np.zeros((st.channels, 0), np.float32)
-        out, st.model = self.model.step(log_magnitude(spec), st.model, final, self.with_competition)
+        out, st.model = self.backend.step(log_magnitude(spec), st.model, final, self.with_competition)
+        out.log_mag = out.log_mag.to(self.device, self.dtype)
         spectra = spec if st.spectra is None else torch.cat([st.spectra, spec], dim=1)
         m = out.log_mag.shape[1]
         first_frame = st.model.frames_out - m

@@ -10,6 +10,7 @@ position attention); ``n_groups == 1`` is ordinary multi-head attention.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -129,6 +130,15 @@ class KVCache:
         return keys, values
 
 
+class StaticKV(NamedTuple):
+    """Fixed-shape cache for exported one-frame steps: exactly ``context_frames`` frames ``[B, H, C, Dh]``, oldest
+    first, and ``valid`` [C] (False for the slots not filled yet at the start of a stream)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    valid: torch.Tensor
+
+
 class MultiHeadAttention(nn.Module):
     """Banded causal self-attention on ``[B, T, G, d_model / G]`` (G = ``cfg.n_groups``)."""
 
@@ -146,7 +156,9 @@ class MultiHeadAttention(nn.Module):
         # [B, T, G, d/G] -> [B, T, H, Dh] (heads of mechanism g are g*H/G ... (g+1)*H/G-1) -> [B, H, T, Dh]
         return x.reshape(b, t, self.cfg.n_heads, self.cfg.head_dim).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> tuple[torch.Tensor, KVCache | None]:
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | StaticKV | None = None
+    ) -> tuple[torch.Tensor, KVCache | StaticKV | None]:
         """Offline (``cache`` None): the whole sequence. Incremental: ``x`` holds the frames that follow those of
         ``cache`` (empty tensors at the start); returns the updated cache."""
         b, t, g, dg = x.shape
@@ -155,6 +167,14 @@ class MultiHeadAttention(nn.Module):
         if cache is None:
             p = self.cfg.attn_dropout if self.training else 0.0
             y = banded_attention(q, k, v, ctx, p)  # [B, H, T, Dh]
+        elif isinstance(cache, StaticKV):  # one frame against exactly ctx cached slots (ONNX export)
+            keys, values = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
+            valid = torch.cat([cache.valid, torch.ones_like(cache.valid[:1])])
+            # written out (not SDPA): exporters have mishandled SDPA's boolean masks
+            scores = torch.matmul(q, keys.transpose(-1, -2)) * (self.cfg.head_dim**-0.5)
+            scores = scores.masked_fill(~valid, float("-inf"))
+            y = torch.matmul(torch.softmax(scores, dim=-1), values)
+            cache = StaticKV(keys[:, :, 1:], values[:, :, 1:], valid[1:])
         else:
             past = cache.end - cache.start
             keys, values = cache.extend(k, v, keep=ctx)  # later queries see lags <= ctx: the last ctx frames

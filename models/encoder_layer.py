@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from models.attention import AttentionConfig, KVCache, MultiHeadAttention
+from models.attention import AttentionConfig, KVCache, MultiHeadAttention, StaticKV
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,8 @@ class StandardLayer(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(
-        self, h: torch.Tensor, cache: KVCache | None = None
-    ) -> tuple[torch.Tensor, None, KVCache | None]:
+        self, h: torch.Tensor, cache: KVCache | StaticKV | None = None
+    ) -> tuple[torch.Tensor, None, KVCache | StaticKV | None]:
         # h: [B, T, d]; returns (h, competition=None, attention cache) like TIMLayer
         a, cache = self.attn(h.unsqueeze(2), cache)
         h = self.norm1(h + self.drop(a.squeeze(2)))

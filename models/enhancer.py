@@ -124,6 +124,10 @@ class Enhancer(nn.Module):
             log_mag = F.softplus(self.head(h))
         return EnhancerOutput(log_mag, maps if return_competition else None)
 
+    def new_state(self, batch: int) -> EnhancerState:
+        """An empty streaming state (caches are created on the first step)."""
+        return EnhancerState()
+
     def step(
         self, feats: torch.Tensor, state: EnhancerState, final: bool = False, return_competition: bool = False
     ) -> tuple[EnhancerOutput, EnhancerState]:

@@ -53,10 +53,12 @@ class ConvBlock(nn.Module):
         # x: [B, C_in, T] -> [B, C_out, T]
         return self.unpadded(F.pad(x, self.pad))
 
-    def unpadded(self, x: torch.Tensor) -> torch.Tensor:
+    def unpadded(self, x: torch.Tensor, exportable: bool = False) -> torch.Tensor:
         """[B, C_in, T + k - 1] (context included) -> [B, C_out, T]."""
         k = self.conv.kernel_size[0]
-        if x.shape[-1] - k + 1 <= 4:  # a few frames (streaming): one matmul beats the conv kernels' overhead
+        if (
+            not exportable and x.shape[-1] - k + 1 <= 4
+        ):  # a few frames (streaming): one matmul beats the conv kernels' overhead
             windows = (
                 x.unfold(-1, k, 1).transpose(1, 2).flatten(2)
             )  # [B, T, C_in * k], same order as the weight

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.attention import AttentionConfig, KVCache, MultiHeadAttention
+from models.attention import AttentionConfig, KVCache, MultiHeadAttention, StaticKV
 from models.group_linear import GroupLayerNorm, GroupLinear
 
 
@@ -100,8 +100,8 @@ class TIMLayer(nn.Module):
         return torch.softmax(self.score(h).squeeze(-1), dim=-1)
 
     def forward(
-        self, x: torch.Tensor, cache: KVCache | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None, KVCache | None]:
+        self, x: torch.Tensor, cache: KVCache | StaticKV | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, KVCache | StaticKV | None]:
         b, t, d = x.shape
         h = x.reshape(b, t, self.cfg.n_mechanisms, self.cfg.d_mechanism)  # [B, T, G, d_m]
         c = self.competition(h)

@@ -151,3 +151,23 @@ def test_bad_chunks_are_refused() -> None:
     bad[1, 3] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         engine.process(bad)
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-transformer", "tiny-tim4"])
+def test_onnx_backend_equals_pytorch(tmp_path, name: str) -> None:
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from enhance.onnx_backend import OnnxStepper, export_step
+
+    torch.manual_seed(0)
+    model = Enhancer(get_config(name)).eval()
+    path = export_step(model, tmp_path / "step.onnx")
+    assert not model.training  # exporting must not switch dropout on
+    x = (np.random.default_rng(6).standard_normal((2, 2900)) * 0.1).astype(np.float32)
+    ref = enhance_waveform(model, x, return_competition=True)
+    engine = StreamingEnhancer(model, 2, with_competition=True, backend=OnnxStepper(path, model))
+    for n in (1, 2900):  # a one-sample stream and a normal one, the same engine
+        y, _ = _stream(engine, x[:, :n], _sizes(333, np.random.default_rng(0)))
+        assert np.abs(y - enhance_waveform(model, x[:, :n]).wav).max() < 1e-5
+    if ref.competition:
+        assert np.abs(engine.competition()[0] - ref.competition[0]).max() < 1e-5

@@ -1,0 +1,71 @@
+"""The incremental step in fixed-shape form, for export (ONNX): one feature frame in, one output frame out.
+
+State tensors, all of fixed shape (B = channels):
+
+    conv_i   [B, C_in_i, kernel_size - 1]   last inputs of pre-encoder conv i (conv 0: the last two feature frames)
+    valid    [context_frames] bool          which key/value slots are filled (False at the start of a stream)
+    k_j, v_j [B, H, context_frames, Dh]     keys/values of block j's attention, oldest first
+
+Frame t in gives output frame t - 1 (the lookahead). The host (``enhance.onnx_backend``) does what does not fit
+fixed shapes: it only stores frame 0 (nothing to output yet), and at the end feeds one zero feature frame, which
+is exactly the zero padding of the offline path (log1p|0| = 0). Same numbers as :meth:`Enhancer.forward`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.attention import StaticKV
+from models.encoder_layer import StandardLayer
+from models.enhancer import Enhancer
+from models.pre_encoder import ConvBlock
+from models.tim_layer import TIMLayer
+
+
+class StaticStep(nn.Module):
+    def __init__(self, model: Enhancer) -> None:
+        super().__init__()
+        self.model = model
+        self.n_conv = len(model.pre_encoder.blocks)
+        self.n_layers = len(model.layers)
+
+    def state_shapes(self, batch: int) -> list[tuple[str, tuple[int, ...]]]:
+        cfg = self.model.cfg
+        k = cfg.pre_encoder.kernel_size
+        dims = (cfg.pre_encoder.n_bins, *cfg.pre_encoder.channels)
+        shapes: list[tuple[str, tuple[int, ...]]] = [
+            (f"conv_{i}", (batch, dims[i], k - 1)) for i in range(self.n_conv)
+        ]
+        shapes.append(("valid", (cfg.context_frames,)))
+        for j, layer in enumerate(self.model.layers):
+            assert isinstance(layer, StandardLayer | TIMLayer)
+            a = layer.attn.cfg
+            shapes += [(f"k_{j}", (batch, a.n_heads, a.context_frames, a.head_dim))]
+            shapes += [(f"v_{j}", (batch, a.n_heads, a.context_frames, a.head_dim))]
+        return shapes
+
+    def forward(self, feat: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """feat [B, 1, F] and the state -> (log_mag [B, 1, F], competition maps [B, 1, n_s]..., new state...)."""
+        convs, valid, kv = list(state[: self.n_conv]), state[self.n_conv], state[self.n_conv + 1 :]
+        x = feat.transpose(1, 2)  # [B, F, 1]
+        previous = convs[0][:, :, -1:].transpose(1, 2)  # feature frame t - 1: the residual's input
+        new_convs = []
+        for block, cache in zip(self.model.pre_encoder.blocks, convs, strict=True):
+            assert isinstance(block, ConvBlock)
+            full = torch.cat([cache, x], dim=-1)
+            new_convs.append(full[:, :, 1:])
+            x = block.unpadded(full, exportable=True)
+        h = x.transpose(1, 2)  # [B, 1, d]
+        maps, new_kv, new_valid = [], [], valid
+        for j, layer in enumerate(self.model.layers):
+            h, c, cache = layer(h, StaticKV(kv[2 * j], kv[2 * j + 1], valid))
+            assert isinstance(cache, StaticKV)
+            new_kv += [cache.k, cache.v]
+            new_valid = cache.valid
+            if c is not None:
+                maps.append(c)
+        head = self.model.head(h)
+        log_mag = F.relu(previous + head) if self.model.cfg.output == "residual" else F.softplus(head)
+        return (log_mag, *maps, *new_convs, new_valid, *new_kv)
