@@ -76,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--chunk-seconds",
         type=float,
-        default=160.0,
-        help="audio per model pass; longer files are split with exact overlap (memory vs. speed; default %(default)s)",
+        default=10.0,
+        help="audio per model pass: memory vs. speed, same result at any size (default %(default)s)",
     )
     p.add_argument("--threads", type=int, help="CPU threads for the model (default: PyTorch's choice)")
     s = p.add_argument_group("real-time streaming")
@@ -159,7 +159,6 @@ class Progress:
 
 
 def run_one(ck: Checkpoint, src: str, dst: str, args: argparse.Namespace, progress: Progress) -> FileResult:
-    chunk_frames = max(1, int(args.chunk_seconds * ck.config.stft.sample_rate / ck.config.stft.hop_length))
     want_maps = args.competition_map is not None
     if src != "-":
         import soundfile as sf
@@ -192,7 +191,7 @@ def run_one(ck: Checkpoint, src: str, dst: str, args: argparse.Namespace, progre
                 dst,
                 overwrite=args.overwrite,
                 out_subtype=args.subtype,
-                chunk_frames=chunk_frames,
+                block_seconds=args.chunk_seconds,
                 stream_block=stream_block,
                 with_competition=want_maps,
                 on_progress=progress.update,
@@ -211,7 +210,7 @@ def run_one(ck: Checkpoint, src: str, dst: str, args: argparse.Namespace, progre
             name="<stdin>" if src == "-" else src,
             out_format=fmt,
             out_subtype=args.subtype,
-            chunk_frames=chunk_frames,
+            block_seconds=args.chunk_seconds,
             stream_block=stream_block,
             with_competition=want_maps,
         )

@@ -1,7 +1,10 @@
 """Enhancing files: any format libsndfile reads, any rate, any channel count, any length, in bounded memory.
 
-    input file --blocks--> soxr stream (-> 16 kHz) -> ChunkedEnhancer -> soxr stream (-> input rate) --> temp file
-                                                                                          rename onto output
+    input file --blocks--> soxr stream (-> 16 kHz) -> StreamingEnhancer -> soxr stream (-> input rate) --> temp file
+                                                                                            rename onto output
+
+The streaming engine is exact for any block size (its key/value caches carry the context), so blocks of
+``block_seconds`` give the whole-file result in memory bounded by the block, at any duration.
 
 The output keeps the input's rate, channel count, length and (where the output format allows) subtype. Nothing
 is left behind on failure: the temp file is removed and an existing output is untouched.
@@ -22,11 +25,10 @@ import soundfile as sf
 import soxr
 
 from enhance.audio_io import MODEL_RATE, AudioError, _format_from_suffix, atomic_path, read_info
-from enhance.chunked import ChunkedEnhancer
 from enhance.streaming import StreamingEnhancer
 from models.enhancer import Enhancer
 
-BLOCK_SECONDS = 10.0
+BLOCK_SECONDS = 10.0  # default audio per read and per model pass
 
 
 @dataclass
@@ -78,15 +80,15 @@ def enhance_stream(
     name: str,
     out_format: str | None = None,
     out_subtype: str | None = None,
-    chunk_frames: int = 2000,
+    block_seconds: float = BLOCK_SECONDS,
     stream_block: int | None = None,
     with_competition: bool = False,
     on_progress: Callable[[int], None] | None = None,
 ) -> FileResult:
     """Enhance the audio of ``src`` into ``dst`` (both paths or file objects). Raises :class:`AudioError`.
 
-    ``stream_block`` (samples at 16 kHz) selects the real-time engine fed that many samples at a time, as a live
-    stream would be; otherwise the chunked offline engine runs. Both give the same samples (tested).
+    The model runs on blocks of ``block_seconds``; ``stream_block`` (samples at 16 kHz) instead feeds the engine
+    that many samples at a time, as a live stream would. Every block size gives the same samples (tested).
     """
     t0 = time.perf_counter()
     try:
@@ -105,11 +107,7 @@ def enhance_stream(
         if subtype is not None and not sf.check_format(fmt, subtype):
             raise AudioError(f"{name}: subtype {subtype} cannot be written in format {fmt}")
         clip = subtype is None or subtype not in ("FLOAT", "DOUBLE")
-        engine: ChunkedEnhancer | StreamingEnhancer
-        if stream_block is None:
-            engine = ChunkedEnhancer(model, channels, chunk_frames, with_competition)
-        else:
-            engine = StreamingEnhancer(model, channels, with_competition)
+        engine = StreamingEnhancer(model, channels, with_competition)
 
         def run(x16: np.ndarray) -> np.ndarray:
             if stream_block is None or x16.shape[1] <= stream_block:
@@ -139,7 +137,8 @@ def enhance_stream(
                 written += len(y)
 
             try:
-                blocks = fin.blocks(blocksize=int(BLOCK_SECONDS * rate), dtype="float32", always_2d=True)
+                size = max(1, int(block_seconds * rate))
+                blocks = fin.blocks(blocksize=size, dtype="float32", always_2d=True)
                 for block in blocks:
                     if not np.isfinite(block).all():
                         raise AudioError(
