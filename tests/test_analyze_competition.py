@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import torch
+
+from models import Enhancer, get_config, save_checkpoint
+from recipes.analyze_competition import layer_correlation, roc_auc
+from tests.conftest import ROOT, speech_like
+
+
+def test_roc_auc_matches_definition() -> None:
+    labels = np.array([True, True, False, False, True])
+    assert roc_auc(np.array([0.9, 0.8, 0.1, 0.2, 0.7]), labels) == 1.0
+    assert roc_auc(np.array([0.1, 0.2, 0.9, 0.8, 0.3]), labels) == 0.0
+    assert roc_auc(np.ones(5), labels) == 0.5  # all tied
+    rng = np.random.default_rng(0)
+    s, lab = rng.random(2000), rng.random(2000) > 0.5
+    pairs = (s[lab][:, None] > s[~lab][None, :]).mean()  # P(score_pos > score_neg)
+    assert abs(roc_auc(s, lab) - pairs) < 1e-12
+    assert np.isnan(roc_auc(s, np.zeros(2000, bool)))
+
+
+def test_layer_correlation_of_identical_layers_is_one() -> None:
+    m = np.random.default_rng(1).random((100, 2))
+    m /= m.sum(1, keepdims=True)
+    assert np.allclose(layer_correlation([m, m]), 1.0)
+
+
+def test_command_end_to_end(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    ck = tmp_path / "tiny.safetensors"
+    save_checkpoint(ck, Enhancer(get_config("tiny-tim4")), "tiny-tim4")
+    for d in ("noisy", "clean"):
+        (tmp_path / "dev" / d).mkdir(parents=True)
+    rng = np.random.default_rng(2)
+    for i in range(2):
+        clean = np.concatenate(
+            [np.zeros(8000, np.float32), speech_like(1.5, seed=i), np.zeros(8000, np.float32)]
+        )
+        sf.write(tmp_path / "dev" / "clean" / f"{i}.wav", clean, 16000)
+        sf.write(
+            tmp_path / "dev" / "noisy" / f"{i}.wav", clean + 0.01 * rng.standard_normal(len(clean)), 16000
+        )
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "recipes.analyze_competition",
+            "--checkpoint",
+            str(ck),
+            "--pairs",
+            str(tmp_path),
+            "--out",
+            str(out),
+            "--figures",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads((out / "summary.json").read_text())
+    assert r["files"] == 2 and 0 < r["speech_frames"] < r["frames"]
+    (layer,) = r["layers"]
+    assert 0 <= layer["entropy_p10"] <= layer["entropy_mean"] <= layer["max_entropy"] + 1e-9
+    assert len(layer["auc_speech"]) == 4 and all(0 <= a <= 1 for a in layer["auc_speech"])
+    assert abs(sum(layer["mean_score"]) - 1) < 1e-5
+    assert (out / "entropy_by_layer.png").is_file() and (out / "maps_0.png").is_file()
+    assert "| block |" in (out / "summary.md").read_text()
