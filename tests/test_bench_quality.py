@@ -1,0 +1,234 @@
+"""bench/bench_quality.py end to end on a tiny generated test set, and the delay measurement it relies on.
+
+The peers are optional (``pip install -e '.[bench]'``): the end-to-end run asks for the ones that can be built
+here and the tiny model; a peer that is not installed is left out (and reported by the run, tested with a fake
+one), so the test also runs without them.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+import models
+from tests.conftest import speech_like
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+SCRIPT = BENCH / "bench_quality.py"
+DELAY = 37  # samples, the delayed-identity calibration check
+SUMMARY_COLUMNS = [
+    "system",
+    "status",
+    "pesq",
+    "stoi",
+    "si_sdr",
+    "dnsmos_sig",
+    "dnsmos_bak",
+    "dnsmos_ovrl",
+    "rtf",
+    "rtf_cpu",
+    "latency_ms",
+    "delay_ms",
+    "delay_samples",
+    "native_rate",
+    "hop_ms",
+    "n_files",
+    "n_failed",
+    "source",
+]
+
+
+def _bench_module(name: str) -> ModuleType:
+    """``peers`` or ``bench_quality``, imported the way the command imports them (bench/ on sys.path)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    return importlib.import_module(name)
+
+
+@pytest.fixture(scope="module")
+def peers() -> ModuleType:
+    return _bench_module("peers")
+
+
+@pytest.fixture(scope="module")
+def tiny_set(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A dev-layout pairs tree (3 pairs of 2 s, noisy = clean + noise) and a tiny random checkpoint."""
+    root = tmp_path_factory.mktemp("bench_quality")
+    pairs = root / "pairs"
+    (pairs / "dev" / "clean").mkdir(parents=True)
+    (pairs / "dev" / "noisy").mkdir(parents=True)
+    rng = np.random.default_rng(7)
+    for i in range(3):
+        clean = speech_like(2.0, seed=i, f0=110.0 + 30 * i)
+        noisy = clean + 0.02 * rng.standard_normal(len(clean)).astype(np.float32)
+        sf.write(pairs / "dev" / "clean" / f"{i:04d}.wav", clean, 16000, subtype="FLOAT")
+        sf.write(pairs / "dev" / "noisy" / f"{i:04d}.wav", noisy, 16000, subtype="FLOAT")
+    torch.manual_seed(0)
+    ckpt = root / "tiny.safetensors"
+    models.save_checkpoint(ckpt, models.Enhancer(models.get_config("tiny")), "tiny")
+    return pairs, ckpt
+
+
+def _available_peers(peers: ModuleType) -> list[str]:
+    """The default peers that can be built here (their packages are optional)."""
+    names = []
+    for name in peers.PEERS:
+        try:
+            peers.build_peer(name)
+        except Exception:
+            continue
+        names.append(name)
+    return names
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _md_systems(md: str) -> list[str]:
+    """The first cell of every body row of the Markdown table."""
+    rows = [line for line in md.splitlines() if line.startswith("| ")]
+    return [row.split("|")[1].strip() for row in rows[1:]]  # rows[0] is the header
+
+
+# ------------------------------------------------------------------------------------------------------------
+# delay measurement
+
+
+@pytest.mark.parametrize("delay", [0, 1, 37, 480, 1599, 1600])
+def test_measure_delay_finds_a_pure_delay(peers: ModuleType, delay: int) -> None:
+    x = peers.calibration_signal(seconds=2.0)
+    y = np.concatenate([np.zeros(delay, np.float32), x])[: len(x)]
+    assert peers.measure_delay(x, y, 1600) == delay
+
+
+def test_measure_delay_survives_gain_noise_and_filtering(peers: ModuleType) -> None:
+    rng = np.random.default_rng(3)
+    x = peers.calibration_signal(seconds=3.0, seed=5)
+    y = np.convolve(x, [0.25, 0.5, 0.25])[: len(x)]  # a symmetric low-pass: its own delay is 1 sample
+    y = 0.3 * np.concatenate([np.zeros(200, np.float32), y])[: len(x)]
+    y = y + 0.01 * rng.standard_normal(len(y))
+    assert peers.measure_delay(x, y, 1600) == 201
+    assert peers.measure_delay(x, np.roll(y, 500), 300) <= 300  # lags beyond max_lag are never returned
+
+
+def test_delayed_identity_and_alignment(peers: ModuleType) -> None:
+    x = peers.calibration_signal(seconds=1.0)
+    system = peers.build_peer(f"delay:{DELAY}")
+    assert system.name == f"delay:{DELAY}" and isinstance(system, peers.System)
+    y = system.enhance(np.pad(x, (0, DELAY)))
+    assert peers.measure_delay(x, y, 1600) == DELAY
+    np.testing.assert_array_equal(y[DELAY : DELAY + len(x)], x)
+
+
+def test_tim_system_is_aligned(peers: ModuleType, tiny_set: tuple[Path, Path]) -> None:
+    system = peers.TimSystem("tiny", tiny_set[1])
+    x = peers.calibration_signal(seconds=2.0)
+    y = system.enhance(x)
+    assert y.shape == x.shape and y.dtype == np.float32
+    assert system.latency_ms == 48.0 and system.aligned
+    assert peers.measure_delay(x, y, 1600) == 0
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the command
+
+
+def test_bench_quality_end_to_end(peers: ModuleType, tiny_set: tuple[Path, Path], tmp_path: Path) -> None:
+    pairs, ckpt = tiny_set
+    available = _available_peers(peers)
+    systems = ["tiny", f"delay:{DELAY}", *available]
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--pairs",
+        str(pairs),
+        "--checkpoint",
+        f"tiny={ckpt}",
+        "--no-dnsmos",
+        "--systems",
+        ",".join(systems),
+        "--out",
+        str(out),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outputs = ["per_file.csv", "summary.csv", "summary.md"]
+    if importlib.util.find_spec("matplotlib") is not None:  # the plot needs the viz/bench extra
+        outputs.append("summary.png")
+    for name in outputs:
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+
+    rows = _read_csv(out / "summary.csv")
+    assert [r["system"] for r in rows] == ["noisy", *systems]
+    assert list(rows[0]) == SUMMARY_COLUMNS
+    by_name = {r["system"]: r for r in rows}
+    for r in rows:
+        assert r["status"] == "ok", r
+        for key in ("pesq", "stoi", "si_sdr"):
+            assert math.isfinite(float(r[key])), (r["system"], key, r[key])
+        assert all(r[k] == "nan" for k in ("dnsmos_sig", "dnsmos_bak", "dnsmos_ovrl"))  # --no-dnsmos
+        assert int(r["n_files"]) == 3 and int(r["n_failed"]) == 0, r
+        if r["system"] != "noisy":
+            assert float(r["rtf"]) > 0 and float(r["rtf_cpu"]) > 0, r
+
+    # the calibration check: its delay is found and removed, and then it scores exactly like the noisy input
+    check = by_name[f"delay:{DELAY}"]
+    assert abs(int(check["delay_samples"]) - DELAY) <= 1
+    for key in ("pesq", "stoi", "si_sdr"):
+        assert float(check[key]) == pytest.approx(float(rows[0][key]), abs=1e-6)
+    tiny = by_name["tiny"]
+    assert float(tiny["latency_ms"]) == 48.0 and int(tiny["delay_samples"]) == 0
+    # a peer fed hop by hop: its documented latency is its hop plus the raw delay measured in this run
+    for name in available:
+        system = peers.build_peer(name)
+        if system.streamed:
+            derived = float(by_name[name]["hop_ms"]) + float(by_name[name]["delay_ms"])
+            assert derived == pytest.approx(float(by_name[name]["latency_ms"]), abs=1.0), name
+
+    per_file = _read_csv(out / "per_file.csv")
+    assert len(per_file) == 3 * (1 + len(systems))
+    md = (out / "summary.md").read_text()
+    assert _md_systems(md) == ["noisy", *systems]
+    assert "Command: `python " in md and "--systems" in md and "not run" not in md
+    assert proc.stdout == md
+
+
+def test_missing_peer_is_reported_not_fatal(
+    peers: ModuleType, tiny_set: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bench = _bench_module("bench_quality")
+
+    def broken() -> None:
+        raise ImportError("No module named 'not_installed_peer'")
+
+    monkeypatch.setitem(peers.PEERS, "rnnoise", (broken, "not-installed-peer"))
+    pairs, ckpt = tiny_set
+    out = tmp_path / "out"
+    argv = ["--pairs", str(pairs), "--limit", "1", "--no-dnsmos", "--checkpoint", f"tiny={ckpt}"]
+    assert bench.main([*argv, "--systems", "tiny,rnnoise", "--out", str(out)]) == 0
+    rows = _read_csv(out / "summary.csv")
+    assert [r["system"] for r in rows] == ["noisy", "tiny", "rnnoise"]
+    assert rows[2]["status"] == "not run: ImportError: No module named 'not_installed_peer'"
+    assert rows[2]["n_files"] == "0" and rows[1]["n_files"] == "1"
+    md = (out / "summary.md").read_text()
+    assert "| rnnoise | not run: ImportError: No module named 'not_installed_peer' |" in md
+    # bad requests are refused before any work
+    assert bench.main([*argv, "--systems", "tiny,nonexistent", "--out", str(out)]) == 2
+    assert bench.main([*argv, "--checkpoint", "tiny=x", "--out", str(out)]) == 2  # name given twice
