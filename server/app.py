@@ -1,0 +1,155 @@
+"""The FastAPI application: ``create_app(config)``.
+
+The models are loaded once, at start-up (the lifespan), into ``app.state.store``; by default in a worker thread,
+so that ``/healthz`` answers at once and ``/readyz`` says 503 until they are loaded. Routes live in
+:mod:`server.routes` (HTTP) and :mod:`server.stream` (WebSocket); the web page is ``server/static``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio.to_thread
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.config import ServerConfig
+from server.errors import install_handlers
+from server.jobs import JobRunner
+from server.metrics import Metrics
+from server.registry import Loader, ModelStore, load_models
+from server.routes import router, v1
+from server.stream import stream_endpoint
+
+log = logging.getLogger("server")
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+DESCRIPTION = """Enhance audio files (`POST /v1/enhance`), inspect the TIM competition maps (`POST /v1/analyze`),
+or stream raw PCM in real time over a WebSocket. Errors are `{"error": {"code": "...", "message": "..."}}`.
+When the server has an API key, `/v1/*` needs `X-API-Key: KEY` or `Authorization: Bearer KEY`.
+
+**WebSocket `/v1/stream`** (not part of OpenAPI):
+1. send JSON `{"sample_rate": 16000, "channels": 1, "format": "s16le"}` (`f32le` also; optional `model`,
+   `api_key`); the server answers `{"type": "ready", "latency_ms": 48.0, ...}`;
+2. send binary frames of interleaved little-endian PCM of any length; enhanced PCM in the same rate, channels and
+   format comes back in binary frames as it becomes final;
+3. send `{"type": "end"}`: the rest comes back, then `{"type": "done", "samples": N}` and a normal close (1000).
+
+Errors are `{"type": "error", "code": "...", "error": "..."}` followed by close code 1003 (bad data: frame
+size, NaN), 1008 (bad start message, API key, unknown model, too long) or 1013 (busy, loading).
+"""
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+EXPOSED_HEADERS = ["X-Audio-Duration", "X-Processing-Seconds", "X-Model", "X-Sample-Rate", "X-Channels"]
+
+
+class MetricsMiddleware:
+    """Counts every HTTP request by route template, method and status, and times it."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+        t0 = time.perf_counter()
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        self.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            self.metrics.in_flight.dec()
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            method = str(scope.get("method", ""))
+            method = method if method in KNOWN_METHODS else "other"  # clients choose it: bound the series
+            self.metrics.requests.inc(route=route, method=method, status=str(status))
+            self.metrics.latency.observe(time.perf_counter() - t0, route=route, method=method)
+
+
+def create_app(config: ServerConfig | None = None, *, loader: Loader | None = None) -> FastAPI:
+    """The app for ``config``. ``loader`` replaces :func:`server.registry.load_models` (tests use it)."""
+    config = config or ServerConfig()
+    load = loader or load_models
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store: ModelStore = app.state.store
+
+        async def load_now() -> None:
+            try:
+                models = await anyio.to_thread.run_sync(load, config, abandon_on_cancel=True)
+                store.set_loaded(models)
+                app.state.metrics.model_ready.set(1)
+                log.info("loaded model(s): %s", ", ".join(models))
+            except Exception as exc:
+                log.error("loading the model failed: %s", exc)
+                store.set_failed(str(exc) or type(exc).__name__)
+
+        task: asyncio.Task[None] | None = None
+        if config.load_in_background:
+            task = asyncio.create_task(load_now())
+        else:
+            await load_now()
+            if store.status == "failed":
+                raise RuntimeError(f"cannot start: {store.error}")
+        try:
+            yield
+        finally:
+            if task is not None and not task.done():
+                task.cancel()
+            app.state.jobs.shutdown()
+
+    app = FastAPI(
+        title="tim-enhance",
+        version="1",
+        summary="Causal speech enhancement with TIM competition maps",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    metrics = Metrics()
+    app.state.config = config
+    app.state.metrics = metrics
+    app.state.store = ModelStore()
+    app.state.jobs = JobRunner(
+        config.max_concurrency, config.request_timeout_s, config.retry_after_s, metrics
+    )
+    app.state.streams_open = 0
+    install_handlers(app)
+    app.include_router(router)
+    app.include_router(v1)
+    app.add_api_websocket_route("/v1/stream", stream_endpoint, name="stream")
+
+    if (STATIC_DIR / "index.html").is_file():
+
+        @app.get("/", include_in_schema=False)
+        async def index() -> FileResponse:
+            return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+
+        app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    else:  # an install without the package data: the API still works
+        log.warning("web page not installed (%s missing); serving the API only", STATIC_DIR)
+    if config.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.cors_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Content-Type", "Accept", "Authorization", "X-API-Key"],
+            expose_headers=EXPOSED_HEADERS,
+            max_age=600,
+        )
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return app

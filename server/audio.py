@@ -1,0 +1,105 @@
+"""Audio helpers of the HTTP layer: output-format negotiation, raw PCM for streams, levels, safe file names."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from server.errors import ApiError
+
+# output format (query value) -> (libsndfile format, media type, file extension)
+OUTPUT_FORMATS: dict[str, tuple[str, str, str]] = {
+    "wav": ("WAV", "audio/wav", "wav"),
+    "flac": ("FLAC", "audio/flac", "flac"),
+    "ogg": ("OGG", "audio/ogg", "ogg"),
+}
+_ACCEPT_ALIASES = {
+    "audio/wav": "wav",
+    "audio/x-wav": "wav",
+    "audio/wave": "wav",
+    "audio/vnd.wave": "wav",
+    "audio/flac": "flac",
+    "audio/x-flac": "flac",
+    "audio/ogg": "ogg",
+    "application/ogg": "ogg",
+    "audio/*": "wav",
+    "*/*": "wav",
+}
+
+# raw PCM sample formats of WebSocket streams: bytes per sample
+PCM_FORMATS = {"s16le": 2, "f32le": 4}
+
+
+def negotiate_audio_format(query_format: str | None, accept: str | None) -> str:
+    """``?format=`` wins; otherwise the best ``Accept`` entry we can produce; WAV when neither says. 406 else."""
+    if query_format:
+        return query_format
+    if not accept or not accept.strip():
+        return "wav"
+    choices: list[tuple[float, int, str]] = []
+    for i, part in enumerate(accept.split(",")):
+        media, *params = (p.strip() for p in part.split(";"))
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        fmt = _ACCEPT_ALIASES.get(media.lower())
+        if fmt is not None and q > 0 and math.isfinite(q):
+            choices.append((-q, i, fmt))
+    if not choices:
+        raise ApiError(
+            406,
+            "not_acceptable",
+            f"cannot produce any of Accept: {accept[:100]}; offered: audio/wav, audio/flac, audio/ogg",
+        )
+    return min(choices)[2]
+
+
+def decode_pcm(data: bytes, channels: int, fmt: str) -> np.ndarray:
+    """Interleaved little-endian PCM -> float32 ``[channels, n]``. Raises ValueError for a bad frame size."""
+    width = PCM_FORMATS[fmt] * channels
+    if len(data) % width:
+        raise ValueError(
+            f"frame of {len(data)} bytes is not a whole number of {channels}-channel {fmt} samples "
+            f"({width} bytes each)"
+        )
+    if fmt == "s16le":
+        x = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+    else:
+        x = np.frombuffer(data, dtype="<f4").astype(np.float32)
+    return np.ascontiguousarray(x.reshape(-1, channels).T)
+
+
+def encode_pcm(wav: np.ndarray, fmt: str) -> bytes:
+    """float ``[channels, n]`` -> interleaved little-endian PCM (s16le is clipped to its range)."""
+    x = np.ascontiguousarray(wav.T)
+    if fmt == "s16le":
+        return np.clip(np.round(x * 32768.0), -32768, 32767).astype("<i2").tobytes()
+    return x.astype("<f4").tobytes()
+
+
+def rms_dbfs(wav: np.ndarray) -> float | None:
+    """RMS level of all samples in dB relative to full scale (a full-scale sine is -3 dBFS); None for silence."""
+    if wav.size == 0:
+        return None
+    rms = float(np.sqrt(np.mean(np.square(wav, dtype=np.float64))))
+    return round(20.0 * math.log10(rms), 2) if rms > 0 else None
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_stem(filename: str | None, default: str = "audio") -> str:
+    """A harmless file stem from a client's file name (no directories, no odd characters), for headers only."""
+    if not filename:
+        return default
+    base = re.split(r"[\\/]", filename)[-1]
+    stem = base.rsplit(".", 1)[0] if "." in base.strip(".") else base
+    stem = _UNSAFE.sub("_", stem).strip("._-")[:80]
+    return stem or default

@@ -1,0 +1,57 @@
+"""Server settings: one frozen dataclass, filled from the command line (``server.main``) or by tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What the server loads and the limits it enforces.
+
+    Models: ``models`` are names of bundled models (``models/pretrained/<name>.safetensors``); ``checkpoints``
+    are checkpoint files, each ``PATH`` (served under the name stored in the checkpoint) or ``ALIAS=PATH``.
+    When neither is given the bundled ``default`` model is served. The first model loaded is the default one
+    of every request that names none. Clients choose among the loaded models by name only, never by path.
+    """
+
+    models: tuple[str, ...] = ()
+    checkpoints: tuple[str, ...] = ()
+    device: str = "cpu"
+    max_upload_bytes: int = 50 * MB
+    max_duration_s: float = 600.0  # per uploaded file
+    max_channels: int = 8
+    max_concurrency: int = 2  # enhancements running at once; more get 503 + Retry-After, never a queue
+    request_timeout_s: float = 120.0  # per enhancement; 504 after that
+    upload_timeout_s: float = 60.0  # to receive an upload; 408 after that
+    retry_after_s: int = 2
+    api_key: str | None = field(default=None, repr=False)  # required on /v1/* when set (X-API-Key or Bearer)
+    cors_origins: tuple[str, ...] = ()
+    threads: int = 0  # torch intra-op threads; 0 leaves torch's default
+    max_streams: int = 8  # WebSocket streams at once
+    max_stream_s: float = 3600.0  # audio seconds per WebSocket stream
+    stream_idle_timeout_s: float = 60.0  # a stream with no message for this long is closed
+    load_in_background: bool = True  # serve /healthz (and 503 on /readyz) while the model loads
+
+    def __post_init__(self) -> None:
+        if self.max_upload_bytes <= 0:
+            raise ValueError("max_upload_bytes must be positive")
+        if self.max_duration_s <= 0 or self.max_stream_s <= 0:
+            raise ValueError("max_duration_s and max_stream_s must be positive")
+        if self.max_concurrency < 1 or self.max_streams < 0 or self.max_channels < 1:
+            raise ValueError("max_concurrency and max_channels must be >= 1, max_streams >= 0")
+        if min(self.request_timeout_s, self.upload_timeout_s, self.stream_idle_timeout_s) <= 0:
+            raise ValueError("timeouts must be positive")
+        if self.threads < 0:
+            raise ValueError("threads must be >= 0")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must not be empty (leave it unset to disable authentication)")
+
+    @property
+    def model_specs(self) -> tuple[str, ...]:
+        """The bundled model names to load (``default`` when nothing at all is configured)."""
+        if not self.models and not self.checkpoints:
+            return ("default",)
+        return self.models

@@ -1,0 +1,140 @@
+"""``enhance-server``: run the HTTP/WebSocket service with uvicorn.
+
+enhance-server --host 127.0.0.1 --port 8000                       # the bundled default model
+enhance-server --checkpoint runs/tim/best.safetensors             # a checkpoint file (its stored name)
+enhance-server --model default --checkpoint fast=tiny.safetensors # two models; clients pick with ?model=
+ENHANCE_API_KEY=secret enhance-server --host 0.0.0.0              # require X-API-Key / Bearer on /v1/*
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from models import CheckpointError
+from server.config import MB, ServerConfig
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="enhance-server",
+        description="Speech enhancement service: POST /v1/enhance, POST /v1/analyze, WS /v1/stream, web page at /.",
+        formatter_class=_Formatter,
+        epilog=__doc__,
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all interfaces)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--model",
+        action="append",
+        default=argparse.SUPPRESS,
+        metavar="NAME",
+        help="bundled model to serve (repeatable; 'default' when neither --model nor --checkpoint is given)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        action="append",
+        default=argparse.SUPPRESS,
+        metavar="[ALIAS=]PATH",
+        help="checkpoint file to serve, under its stored name or ALIAS (repeatable)",
+    )
+    p.add_argument("--device", default="cpu", help="torch device of the models")
+    p.add_argument("--max-upload-mb", type=float, default=50.0, help="largest accepted upload (MiB)")
+    p.add_argument("--max-duration", type=float, default=600.0, help="longest accepted file (s)")
+    p.add_argument("--max-channels", type=int, default=8)
+    p.add_argument("--max-concurrency", type=int, default=2, help="enhancements at once (more get 503)")
+    p.add_argument("--timeout", type=float, default=120.0, help="per-request processing limit (s), then 504")
+    p.add_argument(
+        "--upload-timeout", type=float, default=60.0, help="time to receive an upload (s), then 408"
+    )
+    p.add_argument("--max-streams", type=int, default=8, help="WebSocket streams at once")
+    p.add_argument("--max-stream-seconds", type=float, default=3600.0, help="audio per WebSocket stream (s)")
+    p.add_argument(
+        "--stream-idle-timeout", type=float, default=60.0, help="close a stream silent for this long (s)"
+    )
+    p.add_argument(
+        "--api-key-env",
+        default="ENHANCE_API_KEY",
+        metavar="VAR",
+        help="environment variable holding the API key; unset or empty: no key required",
+    )
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="allowed CORS origin (repeatable)",
+    )
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument(
+        "--limit-concurrency",
+        type=int,
+        default=None,
+        help="uvicorn: connections at once before it answers 503 (bounds memory held by uploads)",
+    )
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        models=tuple(getattr(args, "model", ())),
+        checkpoints=tuple(getattr(args, "checkpoint", ())),
+        device=args.device,
+        max_upload_bytes=int(args.max_upload_mb * MB),
+        max_duration_s=args.max_duration,
+        max_channels=args.max_channels,
+        max_concurrency=args.max_concurrency,
+        request_timeout_s=args.timeout,
+        upload_timeout_s=args.upload_timeout,
+        max_streams=args.max_streams,
+        max_stream_s=args.max_stream_seconds,
+        stream_idle_timeout_s=args.stream_idle_timeout,
+        api_key=os.environ.get(args.api_key_env) or None,
+        cors_origins=tuple(getattr(args, "cors_origin", ())),
+        threads=args.threads,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"enhance-server: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import uvicorn
+
+        from server.app import create_app
+        from server.registry import check_config
+    except ImportError as exc:
+        print(f"enhance-server: {exc}; install the extra: pip install 'tim-enhance[serve]'", file=sys.stderr)
+        return 2
+    try:
+        check_config(config)  # fail now, not in the background, for a missing model or file
+    except CheckpointError as exc:
+        print(f"enhance-server: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    uvicorn.run(
+        create_app(config),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        limit_concurrency=args.limit_concurrency,
+        proxy_headers=False,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""The models a server holds: loaded once at start-up, looked up by name (never by a client's path)."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from models import Checkpoint, CheckpointError, count_parameters, load_checkpoint
+from models.checkpoint import read_metadata
+from models.pretrained import load_pretrained, pretrained_path
+from server.config import ServerConfig
+from server.errors import ApiError
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    checkpoint: Checkpoint
+    source: str  # "bundled" or "file"
+
+    @property
+    def competition_blocks(self) -> list[int]:
+        return list(self.checkpoint.model.competition_blocks)
+
+    @property
+    def n_mechanisms(self) -> int:
+        tim = self.checkpoint.config.tim
+        return int(tim.attention.n_groups) if tim is not None else 1
+
+    @property
+    def parameters(self) -> int:
+        return int(count_parameters(self.checkpoint.model))
+
+    @property
+    def latency_ms(self) -> float:
+        cfg = self.checkpoint.config
+        samples = cfg.stft.win_length + cfg.lookahead_frames * cfg.stft.hop_length
+        return 1000.0 * samples / cfg.stft.sample_rate
+
+    @property
+    def max_entropy(self) -> float:
+        return math.log(self.n_mechanisms) if self.n_mechanisms > 1 else 0.0
+
+
+def _split_alias(spec: str) -> tuple[str | None, str]:
+    alias, sep, path = spec.partition("=")
+    if sep and alias and "/" not in alias and "\\" not in alias:
+        return alias, path
+    return None, spec
+
+
+def check_config(config: ServerConfig) -> None:
+    """Cheap pre-flight (no weights read): every configured model exists. Raises :class:`CheckpointError`."""
+    for name in config.model_specs:
+        pretrained_path(name)
+    for spec in config.checkpoints:
+        read_metadata(_split_alias(spec)[1])
+
+
+def load_models(config: ServerConfig) -> dict[str, LoadedModel]:
+    """Load every configured model (first = default). Raises :class:`CheckpointError` on any problem."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    loaded: dict[str, LoadedModel] = {}
+
+    def add(name: str, ck: Checkpoint, source: str) -> None:
+        if name in loaded:
+            raise CheckpointError(f"two models are named '{name}' (give one an alias: ALIAS=PATH)")
+        ck.model.eval()
+        loaded[name] = LoadedModel(name, ck, source)
+
+    for name in config.model_specs:
+        add(name, load_pretrained(name, device=config.device), "bundled")
+    for spec in config.checkpoints:
+        alias, path = _split_alias(spec)
+        ck = load_checkpoint(Path(path), map_location="cpu")
+        ck.model.to(config.device)
+        add(alias or ck.name, ck, "file")
+    return loaded
+
+
+Loader = Callable[[ServerConfig], dict[str, LoadedModel]]
+
+
+@dataclass
+class ModelStore:
+    """Loading status and the loaded models; ``get`` is what routes use."""
+
+    status: str = "loading"  # loading | ready | failed
+    error: str | None = None
+    models: dict[str, LoadedModel] = field(default_factory=dict)
+    loaded_event: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def default(self) -> str | None:
+        return next(iter(self.models), None)
+
+    def set_loaded(self, models: dict[str, LoadedModel]) -> None:
+        if not models:
+            raise CheckpointError("no models configured")
+        self.models, self.status, self.error = models, "ready", None
+        self.loaded_event.set()
+
+    def set_failed(self, message: str) -> None:
+        self.status, self.error = "failed", message
+        self.loaded_event.set()
+
+    def get(self, name: str | None, retry_after: int = 2) -> LoadedModel:
+        if self.status == "loading":
+            raise ApiError(
+                503, "model_loading", "the model is still loading", {"Retry-After": str(retry_after)}
+            )
+        if self.status == "failed":
+            raise ApiError(503, "model_unavailable", f"the model failed to load: {self.error}")
+        key = name or self.default
+        if key not in self.models:
+            known = ", ".join(self.models)
+            raise ApiError(404, "model_not_found", f"no model named '{name}' is loaded (loaded: {known})")
+        return self.models[key]

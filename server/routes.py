@@ -1,0 +1,253 @@
+"""HTTP routes. Thin: read and check the request, run the work in the job pool, shape the response."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from server.audio import OUTPUT_FORMATS, negotiate_audio_format, safe_stem
+from server.auth import require_api_key
+from server.metrics import CONTENT_TYPE
+from server.registry import LoadedModel
+from server.schemas import (
+    AnalyzeFormat,
+    AnalyzeResponse,
+    AudioFormat,
+    ErrorResponse,
+    HealthResponse,
+    ModelInfo,
+    ModelsResponse,
+    ReadyResponse,
+)
+from server.upload import UPLOAD_FIELD, read_upload
+from server.work import Limits, analyze_png, analyze_upload, enhance_upload, inspect_upload
+
+_BINARY = {"type": "string", "format": "binary"}
+AUDIO_REQUEST_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": (
+            "The audio file: any format libsndfile reads (WAV, FLAC, OGG/Vorbis, AIFF, ...), any sample rate, "
+            f"mono or multi-channel. Either multipart/form-data with the field '{UPLOAD_FIELD}', or the file "
+            "itself as the body (Content-Type audio/* or application/octet-stream)."
+        ),
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": [UPLOAD_FIELD],
+                    "properties": {UPLOAD_FIELD: _BINARY},
+                },
+                "encoding": {UPLOAD_FIELD: {"contentType": "audio/*, application/octet-stream"}},
+            },
+            "application/octet-stream": {"schema": _BINARY},
+            "audio/wav": {"schema": _BINARY},
+            "audio/flac": {"schema": _BINARY},
+            "audio/ogg": {"schema": _BINARY},
+        },
+    }
+}
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    texts = {
+        400: "empty body or malformed multipart",
+        408: "the upload took longer than the upload timeout",
+        401: "API key missing or wrong (only when the server has one)",
+        404: "no loaded model of that name",
+        406: "cannot produce the requested output format",
+        413: "upload or audio duration over the limit",
+        415: "Content-Type is not multipart/form-data, audio/* or application/octet-stream",
+        422: "unreadable audio (corrupt, zero-length, all-zero, NaN/inf samples) or bad parameters",
+        503: "model loading or all enhancement slots busy (see Retry-After)",
+        504: "processing took longer than the request timeout",
+    }
+    return {c: {"model": ErrorResponse, "description": texts[c]} for c in codes}
+
+
+AUDIO_ERRORS = _errors(400, 401, 404, 408, 413, 415, 422, 503, 504)
+
+
+def _model_query() -> Any:
+    return Query(max_length=100, description="name of a loaded model (GET /v1/models); default: the first")
+
+
+router = APIRouter()
+v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+
+
+def _limits(request: Request) -> Limits:
+    cfg = request.app.state.config
+    return Limits(cfg.max_duration_s, cfg.max_channels)
+
+
+def _precheck(request: Request, model: str | None) -> LoadedModel:
+    """Cheap refusals before the body is read: unknown model, loading, no free slot."""
+    state = request.app.state
+    lm: LoadedModel = state.store.get(model, state.config.retry_after_s)
+    if state.jobs.running >= state.jobs.max_concurrency:
+        raise state.jobs.busy_error()
+    return lm
+
+
+@v1.post(
+    "/enhance",
+    summary="Enhance an audio file",
+    description=(
+        "Returns the enhanced audio at the input's sample rate, channel count and length. Output format: "
+        "`?format=` or the Accept header (audio/wav, audio/flac, audio/ogg); WAV by default."
+    ),
+    response_class=Response,
+    responses={
+        200: {
+            "description": "the enhanced audio",
+            "content": {OUTPUT_FORMATS[f][1]: {"schema": _BINARY} for f in OUTPUT_FORMATS},
+            "headers": {
+                "X-Audio-Duration": {"description": "input duration (s)", "schema": {"type": "number"}},
+                "X-Processing-Seconds": {
+                    "description": "time spent enhancing (s)",
+                    "schema": {"type": "number"},
+                },
+                "X-Model": {"description": "model used", "schema": {"type": "string"}},
+                "X-Sample-Rate": {"description": "sample rate (Hz)", "schema": {"type": "integer"}},
+                "X-Channels": {"description": "channel count", "schema": {"type": "integer"}},
+            },
+        },
+        **AUDIO_ERRORS,
+        **_errors(406),
+    },
+    openapi_extra=AUDIO_REQUEST_BODY,
+)
+async def enhance(
+    request: Request,
+    format: Annotated[
+        AudioFormat | None, Query(description="output format; overrides the Accept header")
+    ] = None,
+    model: Annotated[str | None, _model_query()] = None,
+) -> Response:
+    fmt = negotiate_audio_format(format.value if format else None, request.headers.get("accept"))
+    lm = _precheck(request, model)
+    state = request.app.state
+    upload = await read_upload(request, state.config.max_upload_bytes, state.config.upload_timeout_s)
+    name = safe_stem(upload.filename, "upload")
+    limits = _limits(request)
+    info = inspect_upload(upload.data, name, limits)
+    t0 = time.perf_counter()
+    encoded, result = await state.jobs.run(
+        lambda job: enhance_upload(lm, upload.data, info, name, fmt, limits, job)
+    )
+    elapsed = time.perf_counter() - t0
+    state.metrics.audio_seconds.inc(result.duration_s, route="/v1/enhance")
+    ext = OUTPUT_FORMATS[fmt][2]
+    return Response(
+        encoded,
+        media_type=OUTPUT_FORMATS[fmt][1],
+        headers={
+            "X-Audio-Duration": f"{result.duration_s:.4f}",
+            "X-Processing-Seconds": f"{elapsed:.4f}",
+            "X-Model": lm.name,
+            "X-Sample-Rate": str(result.sample_rate),
+            "X-Channels": str(result.channels),
+            "Content-Disposition": f'attachment; filename="{name}.enhanced.{ext}"',
+        },
+    )
+
+
+@v1.post(
+    "/analyze",
+    summary="Competition maps and levels of an audio file",
+    description=(
+        "Enhances the file and returns, per TIM block, the competition scores of each frame (of channel 0), "
+        "their mean entropy, and the input/output RMS levels. `?format=png` (or Accept: image/png) returns the "
+        "maps drawn under the input's spectrogram instead."
+    ),
+    response_model=AnalyzeResponse,
+    responses={
+        200: {
+            "content": {"image/png": {"schema": _BINARY}},
+            "description": "the analysis (JSON) or figure (PNG)",
+        },
+        **AUDIO_ERRORS,
+        **_errors(406),
+    },
+    openapi_extra=AUDIO_REQUEST_BODY,
+)
+async def analyze(
+    request: Request,
+    format: Annotated[AnalyzeFormat | None, Query(description="json (default) or png")] = None,
+    model: Annotated[str | None, _model_query()] = None,
+) -> Response:
+    accept = request.headers.get("accept", "")
+    png = format == AnalyzeFormat.png or (format is None and "image/png" in accept and "json" not in accept)
+    lm = _precheck(request, model)
+    state = request.app.state
+    upload = await read_upload(request, state.config.max_upload_bytes, state.config.upload_timeout_s)
+    name = safe_stem(upload.filename, "upload")
+    limits = _limits(request)
+    info = inspect_upload(upload.data, name, limits)
+    t0 = time.perf_counter()
+    headers = {"X-Model": lm.name, "X-Audio-Duration": f"{info.duration_s:.4f}"}
+    if png:
+        image = await state.jobs.run(lambda job: analyze_png(lm, upload.data, info, name, limits, job))
+        state.metrics.audio_seconds.inc(info.duration_s, route="/v1/analyze")
+        headers["X-Processing-Seconds"] = f"{time.perf_counter() - t0:.4f}"
+        return Response(image, media_type="image/png", headers=headers)
+    body = await state.jobs.run(lambda job: analyze_upload(lm, upload.data, info, name, limits, job))
+    state.metrics.audio_seconds.inc(body["duration_s"], route="/v1/analyze")
+    headers["X-Processing-Seconds"] = f"{time.perf_counter() - t0:.4f}"
+    return JSONResponse(body, headers=headers)
+
+
+@v1.get("/models", response_model=ModelsResponse, summary="The loaded models", responses=_errors(401, 503))
+async def list_models(request: Request) -> ModelsResponse:
+    store = request.app.state.store
+    if store.status != "ready":
+        store.get(None, request.app.state.config.retry_after_s)  # raises the 503
+    return ModelsResponse(
+        models=[
+            ModelInfo(
+                name=lm.name,
+                default=lm.name == store.default,
+                source=lm.source,
+                config_name=lm.checkpoint.name,
+                parameters=lm.parameters,
+                sample_rate=lm.checkpoint.config.stft.sample_rate,
+                n_mechanisms=lm.n_mechanisms,
+                competition_blocks=lm.competition_blocks,
+                latency_ms=lm.latency_ms,
+            )
+            for lm in store.models.values()
+        ]
+    )
+
+
+@router.get("/healthz", response_model=HealthResponse, summary="Liveness: the process answers")
+async def healthz() -> HealthResponse:
+    return HealthResponse()
+
+
+@router.get(
+    "/readyz",
+    response_model=ReadyResponse,
+    summary="Readiness: 200 once the models are loaded, 503 before (or if loading failed)",
+    responses={503: {"model": ReadyResponse, "description": "still loading, or loading failed"}},
+)
+async def readyz(request: Request) -> JSONResponse:
+    store = request.app.state.store
+    body = ReadyResponse(status=store.status, models=list(store.models), error=store.error)
+    return JSONResponse(body.model_dump(), status_code=200 if store.status == "ready" else 503)
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "text format 0.0.4"}
+    },
+)
+async def metrics(request: Request) -> Response:
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)

@@ -1,0 +1,137 @@
+"""Request and response models (they are also the OpenAPI schema's components, with examples)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="stable machine-readable reason", examples=["invalid_audio"])
+    message: str = Field(
+        description="one line for humans", examples=["upload: all samples are zero (digital silence)"]
+    )
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class AudioFormat(str, Enum):
+    wav = "wav"
+    flac = "flac"
+    ogg = "ogg"
+
+
+class AnalyzeFormat(str, Enum):
+    json = "json"
+    png = "png"
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class ReadyResponse(BaseModel):
+    status: Literal["ready", "loading", "failed"] = Field(examples=["ready"])
+    models: list[str] = Field(default_factory=list, examples=[["default"]])
+    error: str | None = Field(default=None, description="why loading failed")
+
+
+class ModelInfo(BaseModel):
+    name: str = Field(examples=["default"])
+    default: bool = Field(description="used when a request names no model")
+    source: Literal["bundled", "file"]
+    config_name: str = Field(description="the name stored in the checkpoint", examples=["tim"])
+    parameters: int = Field(examples=[5904907])
+    sample_rate: int = Field(
+        description="the model's own rate; inputs at other rates are resampled", examples=[16000]
+    )
+    n_mechanisms: int = Field(description="TIM mechanisms per layer (1: plain Transformer)", examples=[2])
+    competition_blocks: list[int] = Field(
+        description="1-based blocks with competition maps", examples=[[3, 4, 5, 6, 7]]
+    )
+    latency_ms: float = Field(description="algorithmic delay of the streaming engine", examples=[48.0])
+
+
+class ModelsResponse(BaseModel):
+    models: list[ModelInfo]
+
+
+class BlockCompetition(BaseModel):
+    block: int = Field(description="1-based block number", examples=[3])
+    maps: list[list[float]] = Field(
+        description="competition scores of channel 0, [frames][n_s]; each frame's scores sum to 1",
+        examples=[[[0.91, 0.09], [0.88, 0.12]]],
+    )
+    mean_entropy: float = Field(description="mean competition entropy per frame (nats)", examples=[0.31])
+    max_entropy: float = Field(description="ln(n_s): the entropy of a uniform split", examples=[0.69315])
+    win_share: list[float] = Field(
+        description="fraction of frames each mechanism wins", examples=[[0.8, 0.2]]
+    )
+
+
+class AnalyzeResponse(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "example": {
+                "model": "default",
+                "sample_rate": 44100,
+                "channels": 1,
+                "duration_s": 0.032,
+                "channel": 0,
+                "n_mechanisms": 2,
+                "hop_s": 0.016,
+                "frame_times": [0.0, 0.016, 0.032],
+                "blocks": [
+                    {
+                        "block": 3,
+                        "maps": [[0.9, 0.1], [0.7, 0.3], [0.6, 0.4]],
+                        "mean_entropy": 0.49,
+                        "max_entropy": 0.69315,
+                        "win_share": [1.0, 0.0],
+                    }
+                ],
+                "input_rms_dbfs": -23.5,
+                "output_rms_dbfs": -26.1,
+                "processing_seconds": 0.05,
+            }
+        }
+    )
+
+    model: str
+    sample_rate: int = Field(description="the input's sample rate")
+    channels: int = Field(description="the input's channel count")
+    duration_s: float
+    channel: int = Field(0, description="the channel the maps are of (always 0: the first channel)")
+    n_mechanisms: int
+    hop_s: float = Field(description="seconds between frames")
+    frame_times: list[float] = Field(description="centre time (s) of each frame of the maps")
+    blocks: list[BlockCompetition] = Field(description="one entry per TIM block with competition")
+    input_rms_dbfs: float | None = Field(description="RMS level of the input, all channels (None: silence)")
+    output_rms_dbfs: float | None = Field(description="RMS level of the enhanced audio, all channels")
+    processing_seconds: float
+
+
+class StreamStart(BaseModel):
+    """The first message of a WebSocket stream (JSON text)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sample_rate: int = Field(16000, ge=1000, le=384000)
+    channels: int = Field(1, ge=1, le=8)
+    format: Literal["s16le", "f32le"] = "s16le"
+    model: str | None = None
+    api_key: str | None = Field(None, description="for browsers, which cannot set headers on WebSockets")
+
+
+class StreamReady(BaseModel):
+    type: Literal["ready"] = "ready"
+    model: str
+    sample_rate: int
+    channels: int
+    format: str
+    latency_ms: float = Field(description="the engine's algorithmic delay (resampling adds a little)")
+    engine_sample_rate: int = 16000

@@ -1,0 +1,293 @@
+// tim-enhance web page: upload or record, POST /v1/enhance and /v1/analyze, play both, draw spectrograms
+// (computed here: WebAudio decodeAudioData + a small radix-2 FFT) and the competition maps (canvas heatmaps).
+// No build step, no dependencies. <body data-state> is idle | working | done | error (the tests wait on it).
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const SPEC_RATE = 16000, FFT_SIZE = 512, HOP = 256, MAX_COLUMNS = 2400;
+let objectUrls = [];
+let recorder = null;
+
+function setState(state, message) {
+  document.body.dataset.state = state;
+  if (message !== undefined) $("status").textContent = message;
+}
+
+function authHeaders() {
+  const key = $("api-key").value.trim();
+  return key ? { "X-API-Key": key } : {};
+}
+
+function keepUrl(blob) {
+  const url = URL.createObjectURL(blob);
+  objectUrls.push(url);
+  return url;
+}
+
+async function errorText(resp) {
+  try {
+    const body = await resp.json();
+    if (body && body.error) return `${resp.status} ${body.error.code}: ${body.error.message}`;
+  } catch (_) { /* not JSON */ }
+  return `${resp.status} ${resp.statusText}`;
+}
+
+// POST with one retry loop on 503 (busy / loading), honouring Retry-After.
+async function post(path, blob, name) {
+  for (let attempt = 0; ; attempt++) {
+    const form = new FormData();
+    form.append("file", blob, name);
+    const model = $("model-select").value;
+    const url = model ? `${path}${path.includes("?") ? "&" : "?"}model=${encodeURIComponent(model)}` : path;
+    const resp = await fetch(url, { method: "POST", body: form, headers: authHeaders() });
+    if (resp.status !== 503 || attempt >= 4) return resp;
+    const wait = Math.min(10, Number(resp.headers.get("Retry-After")) || 1);
+    setState("working", `Server busy, retrying in ${wait} s…`);
+    await new Promise((r) => setTimeout(r, wait * 1000));
+  }
+}
+
+// ---------- audio decoding and WAV encoding ----------
+
+async function decode(blob, rate) {
+  const ctx = new OfflineAudioContext(1, 1, rate);
+  return ctx.decodeAudioData(await blob.arrayBuffer());
+}
+
+function encodeWav(buffer) {
+  const ch = buffer.numberOfChannels, n = buffer.length, rate = buffer.sampleRate;
+  const out = new DataView(new ArrayBuffer(44 + n * ch * 2));
+  const text = (off, s) => { for (let i = 0; i < s.length; i++) out.setUint8(off + i, s.charCodeAt(i)); };
+  text(0, "RIFF"); out.setUint32(4, 36 + n * ch * 2, true); text(8, "WAVE"); text(12, "fmt ");
+  out.setUint32(16, 16, true); out.setUint16(20, 1, true); out.setUint16(22, ch, true);
+  out.setUint32(24, rate, true); out.setUint32(28, rate * ch * 2, true); out.setUint16(32, ch * 2, true);
+  out.setUint16(34, 16, true); text(36, "data"); out.setUint32(40, n * ch * 2, true);
+  const data = [];
+  for (let c = 0; c < ch; c++) data.push(buffer.getChannelData(c));
+  let off = 44;
+  for (let i = 0; i < n; i++) {
+    for (let c = 0; c < ch; c++) {
+      const v = Math.max(-1, Math.min(1, data[c][i]));
+      out.setInt16(off, v < 0 ? v * 32768 : v * 32767, true);
+      off += 2;
+    }
+  }
+  return new Blob([out], { type: "audio/wav" });
+}
+
+// ---------- spectrogram ----------
+
+function fft(re, im) {  // in place, length a power of two
+  const n = re.length;
+  for (let i = 1, j = 0; i < n; i++) {
+    let bit = n >> 1;
+    for (; j & bit; bit >>= 1) j ^= bit;
+    j ^= bit;
+    if (i < j) { [re[i], re[j]] = [re[j], re[i]]; [im[i], im[j]] = [im[j], im[i]]; }
+  }
+  for (let len = 2; len <= n; len <<= 1) {
+    const ang = -2 * Math.PI / len, wr = Math.cos(ang), wi = Math.sin(ang);
+    for (let i = 0; i < n; i += len) {
+      let cr = 1, ci = 0;
+      for (let k = 0; k < len / 2; k++) {
+        const a = i + k, b = a + len / 2;
+        const tr = re[b] * cr - im[b] * ci, ti = re[b] * ci + im[b] * cr;
+        re[b] = re[a] - tr; im[b] = im[a] - ti; re[a] += tr; im[a] += ti;
+        const nr = cr * wr - ci * wi; ci = cr * wi + ci * wr; cr = nr;
+      }
+    }
+  }
+}
+
+function spectrogram(samples) {  // -> {frames, bins, db: Float32Array [frames * bins]}
+  const bins = FFT_SIZE / 2 + 1;
+  const hop = Math.max(HOP, Math.ceil(samples.length / MAX_COLUMNS));
+  const frames = Math.max(1, Math.floor((samples.length - FFT_SIZE) / hop) + 1);
+  const win = new Float32Array(FFT_SIZE).map((_, i) => 0.5 - 0.5 * Math.cos(2 * Math.PI * i / FFT_SIZE));
+  const db = new Float32Array(frames * bins);
+  const re = new Float32Array(FFT_SIZE), im = new Float32Array(FFT_SIZE);
+  for (let t = 0; t < frames; t++) {
+    for (let i = 0; i < FFT_SIZE; i++) { re[i] = (samples[t * hop + i] || 0) * win[i]; im[i] = 0; }
+    fft(re, im);
+    for (let k = 0; k < bins; k++) db[t * bins + k] = 10 * Math.log10(re[k] * re[k] + im[k] * im[k] + 1e-10);
+  }
+  return { frames, bins, db };
+}
+
+const MAGMA = [[0, 0, 4], [81, 18, 124], [183, 55, 121], [252, 137, 97], [252, 253, 191]];
+const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+
+function colour(map, v) {
+  const x = Math.max(0, Math.min(1, v)) * (map.length - 1), i = Math.min(map.length - 2, Math.floor(x));
+  const f = x - i, a = map[i], b = map[i + 1];
+  return [a[0] + f * (b[0] - a[0]), a[1] + f * (b[1] - a[1]), a[2] + f * (b[2] - a[2])];
+}
+
+function drawImage(canvas, width, height, pixel) {  // pixel(x, y) -> [r, g, b], y = 0 at the bottom
+  const off = document.createElement("canvas");
+  off.width = width; off.height = height;
+  const octx = off.getContext("2d"), img = octx.createImageData(width, height);
+  for (let y = 0; y < height; y++) {
+    for (let x = 0; x < width; x++) {
+      const [r, g, b] = pixel(x, height - 1 - y), o = (y * width + x) * 4;
+      img.data[o] = r; img.data[o + 1] = g; img.data[o + 2] = b; img.data[o + 3] = 255;
+    }
+  }
+  octx.putImageData(img, 0, 0);
+  return off;
+}
+
+function paintSpectrogram(canvas, spec, top) {
+  const { frames, bins, db } = spec;
+  const img = drawImage(canvas, frames, bins, (x, y) => colour(MAGMA, (db[x * bins + y] - top + 80) / 80));
+  const ctx = canvas.getContext("2d");
+  ctx.imageSmoothingEnabled = false;
+  ctx.drawImage(img, 0, 0, canvas.width, canvas.height);
+}
+
+// Both on one dB scale (the noisy input's peak = top of the colour map), so they can be compared.
+async function drawSpectrograms(noisyBlob, enhancedBlob) {
+  const [noisy, enhanced] = await Promise.all([decode(noisyBlob, SPEC_RATE), decode(enhancedBlob, SPEC_RATE)]);
+  const a = spectrogram(noisy.getChannelData(0)), b = spectrogram(enhanced.getChannelData(0));
+  let top = -Infinity;
+  for (const v of a.db) top = Math.max(top, v);
+  paintSpectrogram($("noisy-spectrogram"), a, top);
+  paintSpectrogram($("enhanced-spectrogram"), b, top);
+}
+
+// ---------- competition maps ----------
+
+function drawCompetition(canvas, analysis) {
+  const ctx = canvas.getContext("2d"), label = 70, rowH = 18, gap = 10, axis = 18;
+  const blocks = analysis.blocks;
+  const mechanisms = (b) => (b.maps.length ? b.maps[0].length : analysis.n_mechanisms);
+  canvas.height = Math.max(40, blocks.reduce((h, b) => h + mechanisms(b) * rowH + gap, 0) + gap + axis);
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, canvas.width, canvas.height);
+  ctx.fillStyle = "#333";
+  ctx.font = "12px system-ui, sans-serif";
+  if (!blocks.length) { ctx.fillText("this model has no competition maps", 10, 24); return; }
+  let y = gap;
+  for (const block of blocks) {
+    const frames = block.maps.length, ns = mechanisms(block);
+    const img = drawImage(canvas, Math.max(1, frames), ns, (x, k) => colour(VIRIDIS, frames ? block.maps[x][k] : 0));
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(img, label, y, canvas.width - label - 4, ns * rowH);
+    ctx.fillStyle = "#333";
+    ctx.fillText(`block ${block.block}`, 6, y + (ns * rowH) / 2 + 4);
+    y += ns * rowH + gap;
+  }
+  const span = canvas.width - label - 4, step = Math.max(0.5, Math.ceil(analysis.duration_s / 10 * 2) / 2);
+  ctx.fillStyle = "#666";
+  for (let t = 0; t <= analysis.duration_s + 1e-9; t += step) {
+    const x = label + (span * t) / Math.max(analysis.duration_s, 1e-9);
+    ctx.fillRect(x, y - gap + 2, 1, 4);
+    ctx.fillText(`${t.toFixed(1)} s`, Math.min(x, canvas.width - 30), y + 10);
+  }
+}
+
+function escapeHtml(s) {
+  return String(s).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+}
+
+function showSummary(a) {
+  const rows = a.blocks.map((b) =>
+    `<tr><td>${b.block}</td><td>${b.mean_entropy.toFixed(3)} / ${b.max_entropy.toFixed(3)}</td>` +
+    `<td>${b.win_share.map((w) => (100 * w).toFixed(0) + "%").join(" · ")}</td></tr>`).join("");
+  const level = (v) => (v === null ? "silent" : `${v.toFixed(1)} dBFS`);
+  $("analysis-summary").innerHTML =
+    `<p>Model <b>${escapeHtml(a.model)}</b>, ${a.duration_s.toFixed(2)} s at ${a.sample_rate} Hz, ${a.channels} channel(s); ` +
+    `input ${level(a.input_rms_dbfs)}, output ${level(a.output_rms_dbfs)}.</p>` +
+    (rows ? `<table><tr><th>block</th><th>mean entropy (nats)</th><th>frames won</th></tr>${rows}</table>` : "");
+}
+
+// ---------- the flow ----------
+
+async function run(blob, name) {
+  objectUrls.forEach((u) => URL.revokeObjectURL(u));
+  objectUrls = [];
+  setState("working", `Enhancing ${name}…`);
+  $("noisy-audio").src = keepUrl(blob);
+  $("enhanced-audio").removeAttribute("src");
+  $("download-link").hidden = true;
+  try {
+    let resp = await post("v1/enhance?format=wav", blob, name);
+    if (resp.status === 422 || resp.status === 415) {  // a format the browser can decode but libsndfile cannot
+      try {
+        blob = encodeWav(await decode(blob, 48000));
+        name = name.replace(/\.[^.]*$/, "") + ".wav";
+        $("noisy-audio").src = keepUrl(blob);
+        resp = await post("v1/enhance?format=wav", blob, name);
+      } catch (_) { /* keep the server's answer */ }
+    }
+    if (!resp.ok) throw new Error(await errorText(resp));
+    const seconds = resp.headers.get("X-Processing-Seconds");
+    const enhanced = await resp.blob();
+    const url = keepUrl(enhanced);
+    $("enhanced-audio").src = url;
+    const link = $("download-link");
+    link.href = url; link.download = name.replace(/\.[^.]*$/, "") + ".enhanced.wav"; link.hidden = false;
+    setState("working", `Enhanced in ${seconds} s; analysing…`);
+    const spectra = drawSpectrograms(blob, enhanced);
+    const aresp = await post("v1/analyze", blob, name);
+    if (!aresp.ok) throw new Error(await errorText(aresp));
+    const analysis = await aresp.json();
+    drawCompetition($("competition-canvas"), analysis);
+    showSummary(analysis);
+    await spectra.catch((e) => console.warn("spectrogram:", e));
+    setState("done", `Done: ${name} (${analysis.duration_s.toFixed(2)} s) enhanced in ${seconds} s.`);
+  } catch (err) {
+    setState("error", `Error: ${err.message}`);
+  }
+}
+
+async function loadModels() {
+  try {
+    const resp = await fetch("v1/models", { headers: authHeaders() });
+    if (!resp.ok) { $("status").textContent = `Models: ${await errorText(resp)}`; return; }
+    const select = $("model-select");
+    select.innerHTML = "";
+    for (const m of (await resp.json()).models) {
+      const opt = document.createElement("option");
+      opt.value = m.name;
+      opt.textContent = `${m.name} (${m.n_mechanisms} mech., ${(m.parameters / 1e6).toFixed(2)}M)`;
+      opt.selected = m.default;
+      select.appendChild(opt);
+    }
+  } catch (err) {
+    $("status").textContent = `Models: ${err.message}`;
+  }
+}
+
+async function startRecording() {
+  try {
+    const stream = await navigator.mediaDevices.getUserMedia({ audio: true });
+    const chunks = [];
+    recorder = new MediaRecorder(stream);
+    recorder.ondataavailable = (e) => chunks.push(e.data);
+    recorder.onstop = async () => {
+      stream.getTracks().forEach((t) => t.stop());
+      $("record-btn").disabled = false; $("stop-btn").disabled = true;
+      try {  // MediaRecorder gives webm/ogg-opus; send WAV, which the server always reads
+        const wav = encodeWav(await decode(new Blob(chunks, { type: recorder.mimeType }), 48000));
+        await run(wav, "recording.wav");
+      } catch (err) {
+        setState("error", `Recording: ${err.message}`);
+      }
+    };
+    recorder.start();
+    $("record-btn").disabled = true; $("stop-btn").disabled = false;
+    setState("working", "Recording… press Stop when done.");
+  } catch (err) {
+    setState("error", `Microphone: ${err.message}`);
+  }
+}
+
+$("file-input").addEventListener("change", (e) => {
+  const file = e.target.files[0];
+  if (file) run(file, file.name);
+});
+$("record-btn").addEventListener("click", startRecording);
+$("stop-btn").addEventListener("click", () => recorder && recorder.state !== "inactive" && recorder.stop());
+$("api-key").addEventListener("change", loadModels);
+loadModels();

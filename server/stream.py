@@ -1,0 +1,266 @@
+"""``WS /v1/stream``: real-time enhancement of raw PCM over a WebSocket.
+
+Protocol (client -> server, server -> client):
+
+1. JSON ``{"sample_rate": 16000, "channels": 1, "format": "s16le" | "f32le"}`` (optional ``model``, ``api_key``)
+   -> JSON ``{"type": "ready", "latency_ms": 48.0, ...}``
+2. binary frames of interleaved little-endian PCM (any whole number of samples per frame)
+   -> binary frames of enhanced PCM, same rate, channels and format, as they become final
+3. JSON ``{"type": "end"}`` -> the remaining samples, then ``{"type": "done", "samples": N}`` (N = samples per
+   channel sent back in all, equal to the number received) and a normal close (1000).
+
+Errors: ``{"type": "error", "code": ..., "error": ...}`` then close 1003 (data the server cannot take: binary
+where JSON was expected, a frame that is not whole samples, NaN/inf samples, unknown message) or 1008 (bad start
+message, API key, unknown model, stream over the length limit), 1013 when busy or still loading.
+
+Each connection has its own :class:`enhance.streaming.StreamingEnhancer` (and soxr streams when the rate is not
+16 kHz); model calls run in a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+
+import anyio.to_thread
+import numpy as np
+import soxr
+from fastapi import WebSocket, WebSocketDisconnect
+from pydantic import ValidationError
+from starlette.types import Message
+
+from enhance.audio_io import MODEL_RATE
+from enhance.streaming import StreamingEnhancer
+from server.audio import decode_pcm, encode_pcm
+from server.auth import key_from_headers, key_matches
+from server.errors import ApiError
+from server.metrics import Metrics
+from server.schemas import StreamReady, StreamStart
+
+log = logging.getLogger("server")
+
+UNSUPPORTED_DATA, POLICY, TRY_LATER = 1003, 1008, 1013
+START_TIMEOUT_S = 10.0  # for the first message (a connection holds a stream slot while it waits)
+INBOX_MESSAGES = 64  # messages read ahead of the model
+MAX_BATCH_S = 1.0  # most audio enhanced in one model call when frames queued up
+
+
+class StreamError(Exception):
+    def __init__(self, code: str, message: str, close_code: int) -> None:
+        super().__init__(message)
+        self.code, self.message, self.close_code = code, message, close_code
+
+
+class Session:
+    """One stream's engine, resamplers and counters (used from one task; model calls in a thread)."""
+
+    def __init__(self, engine: StreamingEnhancer, start: StreamStart) -> None:
+        self.engine, self.start = engine, start
+        rate, ch = start.sample_rate, start.channels
+        same = rate == MODEL_RATE
+        self.down = None if same else soxr.ResampleStream(rate, MODEL_RATE, ch, dtype="float32", quality="HQ")
+        self.up = None if same else soxr.ResampleStream(MODEL_RATE, rate, ch, dtype="float32", quality="HQ")
+        self.received = 0  # samples per channel in
+        self.sent = 0  # samples per channel out
+
+    def _through(self, stream: soxr.ResampleStream | None, x: np.ndarray, last: bool = False) -> np.ndarray:
+        if stream is None:
+            return x
+        y = stream.resample_chunk(np.ascontiguousarray(x.T, dtype=np.float32), last=last)
+        return np.ascontiguousarray(np.asarray(y, np.float32).reshape(-1, x.shape[0]).T)
+
+    def _take(self, y: np.ndarray) -> np.ndarray:
+        y = y[:, : max(0, self.received - self.sent)]
+        self.sent += y.shape[1]
+        return y
+
+    def process(self, x: np.ndarray) -> np.ndarray:
+        self.received += x.shape[1]
+        y16 = self.engine.process(self._through(self.down, x))
+        return self._take(self._through(self.up, y16))
+
+    def finish(self) -> np.ndarray:
+        ch = self.start.channels
+        tail = self._through(self.down, np.zeros((ch, 0), np.float32), last=True)
+        y16 = np.concatenate([self.engine.process(tail), self.engine.flush()], axis=1)
+        y = self._take(self._through(self.up, y16, last=True))
+        short = self.received - self.sent
+        if short > 0:  # resampler rounding: the last few samples
+            y = np.concatenate([y, np.zeros((ch, short), np.float32)], axis=1)
+            self.sent += short
+        return y
+
+
+async def _receive(ws: WebSocket, timeout: float) -> Message:
+    try:
+        return await asyncio.wait_for(ws.receive(), timeout)
+    except asyncio.TimeoutError:
+        raise StreamError("idle_timeout", f"no message for {timeout:g} s", POLICY) from None
+
+
+def _parse_start(msg: Message) -> StreamStart:
+    text = msg.get("text")
+    if text is None:
+        raise StreamError(
+            "expected_start",
+            "the first message must be JSON text: {sample_rate, channels, format}",
+            UNSUPPORTED_DATA,
+        )
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        raise StreamError("bad_start", "the first message is not valid JSON", POLICY) from None
+    if not isinstance(data, dict):
+        raise StreamError("bad_start", "the first message must be a JSON object", POLICY)
+    try:
+        return StreamStart.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "message"
+        raise StreamError("bad_start", f"{where}: {first.get('msg', 'invalid')}", POLICY) from None
+
+
+async def _send_error(ws: WebSocket, err: StreamError, metrics: Metrics) -> None:
+    metrics.rejections.inc(reason=err.code)
+    with contextlib.suppress(Exception):
+        await ws.send_json({"type": "error", "code": err.code, "error": err.message})
+        await ws.close(err.close_code, reason=err.message.encode()[:120].decode(errors="ignore"))
+
+
+async def stream_endpoint(ws: WebSocket) -> None:
+    state = ws.app.state
+    cfg, metrics = state.config, state.metrics
+    await ws.accept()
+    if state.streams_open >= cfg.max_streams:
+        metrics.streams_total.inc(outcome="error")
+        await _send_error(
+            ws, StreamError("busy", f"all {cfg.max_streams} streams are in use", TRY_LATER), metrics
+        )
+        return
+    state.streams_open += 1
+    metrics.streams.inc()
+    outcome = "error"
+    try:
+        outcome = await _serve(ws)
+    except StreamError as err:
+        await _send_error(ws, err, metrics)
+    except WebSocketDisconnect:
+        outcome = "disconnected"
+    except Exception:
+        log.exception("stream failed")
+        await _send_error(ws, StreamError("internal_error", "internal server error", 1011), metrics)
+    finally:
+        state.streams_open -= 1
+        metrics.streams.dec()
+        metrics.streams_total.inc(outcome=outcome)
+
+
+async def _serve(ws: WebSocket) -> str:
+    state = ws.app.state
+    cfg = state.config
+    msg = await _receive(ws, min(cfg.stream_idle_timeout_s, START_TIMEOUT_S))  # before auth: be brief
+    if msg["type"] == "websocket.disconnect":
+        return "disconnected"
+    start = _parse_start(msg)
+    if not key_matches(start.api_key or key_from_headers(ws.headers), cfg.api_key):
+        raise StreamError("unauthorized", "missing or wrong API key", POLICY)
+    try:
+        lm = state.store.get(start.model, cfg.retry_after_s)
+    except ApiError as exc:
+        raise StreamError(exc.code, exc.message, TRY_LATER if exc.status == 503 else POLICY) from None
+    session = Session(StreamingEnhancer(lm.checkpoint.model, start.channels), start)
+    limit = int(cfg.max_stream_s * start.sample_rate)
+    ready = StreamReady(
+        model=lm.name,
+        sample_rate=start.sample_rate,
+        channels=start.channels,
+        format=start.format,
+        latency_ms=session.engine.latency_ms,
+        engine_sample_rate=MODEL_RATE,
+    )
+    await ws.send_json(ready.model_dump())
+    inbox: asyncio.Queue[Message | StreamError] = asyncio.Queue(maxsize=INBOX_MESSAGES)
+    reader = asyncio.create_task(_read_into(ws, inbox, cfg.stream_idle_timeout_s))
+    try:
+        return await _process(ws, inbox, session, limit)
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await reader
+
+
+async def _read_into(ws: WebSocket, inbox: asyncio.Queue[Message | StreamError], idle_s: float) -> None:
+    """Receive messages into ``inbox`` (bounded: a client far ahead of the model is throttled by TCP)."""
+    while True:
+        try:
+            msg = await _receive(ws, idle_s)
+        except StreamError as err:
+            await inbox.put(err)
+            return
+        await inbox.put(msg)
+        if msg["type"] == "websocket.disconnect" or msg.get("bytes") is None:
+            return  # a disconnect, or text: "end" (or an error), after which nothing more is read
+
+
+def _decode(msg: Message, start: StreamStart) -> np.ndarray:
+    try:
+        x = decode_pcm(msg["bytes"], start.channels, start.format)
+    except ValueError as exc:
+        raise StreamError("bad_frame", str(exc), UNSUPPORTED_DATA) from None
+    if not np.isfinite(x).all():
+        raise StreamError("nan_samples", "frame contains NaN or infinite samples", UNSUPPORTED_DATA)
+    return x
+
+
+async def _process(
+    ws: WebSocket, inbox: asyncio.Queue[Message | StreamError], session: Session, limit: int
+) -> str:
+    """Enhance the audio messages in order. Frames that queued up while the model ran are enhanced in one call
+    (the engine gives the same samples for any split), so a stream that fell behind catches up."""
+    state = ws.app.state
+    start, metrics = session.start, state.metrics
+    max_batch = int(MAX_BATCH_S * start.sample_rate)
+    held: Message | StreamError | None = None
+    while True:
+        msg = held if held is not None else await inbox.get()
+        held = None
+        if isinstance(msg, StreamError):
+            raise msg
+        if msg["type"] == "websocket.disconnect":
+            return "disconnected"
+        if msg.get("bytes") is not None:
+            pieces = [_decode(msg, start)]
+            n = pieces[0].shape[1]
+            while n < max_batch and not inbox.empty():
+                nxt = inbox.get_nowait()
+                if isinstance(nxt, StreamError) or nxt.get("bytes") is None:
+                    held = nxt
+                    break
+                pieces.append(_decode(nxt, start))
+                n += pieces[-1].shape[1]
+            if session.received + n > limit:
+                raise StreamError(
+                    "stream_too_long", f"stream longer than {state.config.max_stream_s:g} s", POLICY
+                )
+            x = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=1)
+            y = await anyio.to_thread.run_sync(session.process, x)
+            metrics.audio_seconds.inc(n / start.sample_rate, route="/v1/stream")
+            if y.shape[1]:
+                await ws.send_bytes(encode_pcm(y, start.format))
+            continue
+        try:
+            message = json.loads(msg.get("text") or "")
+        except json.JSONDecodeError:
+            raise StreamError("bad_message", "text messages must be JSON", UNSUPPORTED_DATA) from None
+        if not isinstance(message, dict) or message.get("type") != "end":
+            raise StreamError(
+                "bad_message", 'unknown message; send binary PCM or {"type": "end"}', UNSUPPORTED_DATA
+            )
+        y = await anyio.to_thread.run_sync(session.finish)
+        if y.shape[1]:
+            await ws.send_bytes(encode_pcm(y, start.format))
+        await ws.send_json({"type": "done", "samples": session.sent})
+        await ws.close(1000)
+        return "done"

@@ -1,0 +1,202 @@
+"""The work behind the routes, as plain functions run in the job pool (see :mod:`server.jobs`).
+
+They only call the project's APIs (``enhance.files.enhance_bytes``, ``enhance.audio_io``,
+``enhance.competition_map``) and turn every problem with the client's audio into an :class:`ApiError`.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+
+from enhance.audio_io import AudioError, AudioInfo, load_audio, read_info
+from enhance.competition_map import entropy, frame_times, save_competition_map
+from enhance.files import FileResult, enhance_bytes
+from server.audio import OUTPUT_FORMATS, rms_dbfs
+from server.errors import ApiError
+from server.jobs import Job
+from server.registry import LoadedModel
+
+MIN_RATE, MAX_RATE = 1000, 768000
+_PLOT_LOCK = threading.Lock()  # pyplot is not thread-safe
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_duration_s: float
+    max_channels: int
+
+
+def _reason(exc: BaseException, name: str) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = re.sub(r"<[^<>]* object at 0x[0-9a-fA-F]+>", "the upload", text)  # no reprs of our objects
+    return text.replace("<stream>", name)[:300]
+
+
+def inspect_upload(data: bytes, name: str, limits: Limits) -> AudioInfo:
+    """The upload's header, checked against the limits before any decoding (cheap)."""
+    try:
+        info = read_info(data)
+    except AudioError as exc:
+        raise ApiError(422, "invalid_audio", _reason(exc, name)) from None
+    if not MIN_RATE <= info.sample_rate <= MAX_RATE:
+        raise ApiError(
+            422,
+            "unsupported_sample_rate",
+            f"{name}: sample rate {info.sample_rate} Hz outside {MIN_RATE}-{MAX_RATE}",
+        )
+    if info.channels > limits.max_channels:
+        raise ApiError(
+            422, "too_many_channels", f"{name}: {info.channels} channels; the limit is {limits.max_channels}"
+        )
+    if info.duration_s > limits.max_duration_s:
+        raise ApiError(
+            413,
+            "audio_too_long",
+            f"{name}: {info.duration_s:.1f} s of audio; the limit is {limits.max_duration_s:g} s",
+        )
+    return info
+
+
+def _enhance(
+    lm: LoadedModel,
+    data: bytes,
+    info: AudioInfo,
+    name: str,
+    job: Job,
+    limits: Limits,
+    *,
+    out_format: str,
+    out_subtype: str | None,
+    with_competition: bool,
+) -> tuple[bytes, FileResult]:
+    seen = 0
+    # headers can lie about the length: stop once the decoded audio passes the limit (one block of slack)
+    max_frames = (limits.max_duration_s + 10.0) * info.sample_rate
+
+    def progress(frames: int) -> None:
+        nonlocal seen
+        seen += frames
+        job.check()
+        if seen > max_frames:
+            raise ApiError(
+                413, "audio_too_long", f"{name}: more audio than the limit of {limits.max_duration_s:g} s"
+            )
+
+    try:
+        return enhance_bytes(
+            lm.checkpoint.model,
+            data,
+            name=name,
+            out_format=out_format,
+            out_subtype=out_subtype,
+            with_competition=with_competition,
+            on_progress=progress,
+        )
+    except (AudioError, ValueError, sf.LibsndfileError) as exc:
+        raise ApiError(422, "invalid_audio", _reason(exc, name)) from None
+
+
+def enhance_upload(
+    lm: LoadedModel, data: bytes, info: AudioInfo, name: str, fmt: str, limits: Limits, job: Job
+) -> tuple[bytes, FileResult]:
+    """Enhanced file in ``fmt`` (a key of OUTPUT_FORMATS) at the input's rate, channels and length."""
+    return _enhance(
+        lm,
+        data,
+        info,
+        name,
+        job,
+        limits,
+        out_format=OUTPUT_FORMATS[fmt][0],
+        out_subtype=None,
+        with_competition=False,
+    )
+
+
+def _block_summary(block: int, maps: np.ndarray, digits: int = 4) -> dict[str, Any]:
+    """One TIM block's maps of channel 0: [frames][n_s], mean entropy and how often each mechanism wins."""
+    m = maps[0]
+    n_s = m.shape[-1]
+    wins = np.bincount(m.argmax(-1), minlength=n_s) / max(1, m.shape[0])
+    return {
+        "block": block,
+        "maps": np.round(m.astype(np.float64), digits).tolist(),
+        "mean_entropy": round(float(entropy(m).mean()) if m.shape[0] else 0.0, 5),
+        "max_entropy": round(float(np.log(n_s)), 5),
+        "win_share": [round(float(w), 4) for w in wins],
+    }
+
+
+def analyze_upload(
+    lm: LoadedModel, data: bytes, info: AudioInfo, name: str, limits: Limits, job: Job
+) -> dict[str, Any]:
+    """The analysis JSON (see ``schemas.AnalyzeResponse``)."""
+    t0 = time.perf_counter()
+    encoded, result = _enhance(
+        lm,
+        data,
+        info,
+        name,
+        job,
+        limits,
+        out_format="WAV",
+        out_subtype="FLOAT",
+        with_competition=True,
+    )
+    job.check()
+    wav_in, _ = load_audio(data)
+    wav_out, _ = sf.read(io.BytesIO(encoded), dtype="float32", always_2d=True)
+    maps = result.competition or []
+    stft = lm.checkpoint.config.stft
+    n_frames = maps[0].shape[1] if maps else 0
+    return {
+        "model": lm.name,
+        "sample_rate": result.sample_rate,
+        "channels": result.channels,
+        "duration_s": round(result.duration_s, 4),
+        "channel": 0,
+        "n_mechanisms": lm.n_mechanisms,
+        "hop_s": stft.hop_length / stft.sample_rate,
+        "frame_times": [round(float(t), 4) for t in frame_times(n_frames, stft.hop_length, stft.sample_rate)],
+        "blocks": [_block_summary(b, m) for b, m in zip(lm.competition_blocks, maps, strict=True)],
+        "input_rms_dbfs": rms_dbfs(wav_in),
+        "output_rms_dbfs": rms_dbfs(wav_out),
+        "processing_seconds": round(time.perf_counter() - t0, 4),
+    }
+
+
+def analyze_png(lm: LoadedModel, data: bytes, info: AudioInfo, name: str, limits: Limits, job: Job) -> bytes:
+    """The competition maps drawn under the input's spectrogram (``enhance.competition_map``'s figure)."""
+    _, result = _enhance(
+        lm,
+        data,
+        info,
+        name,
+        job,
+        limits,
+        out_format="WAV",
+        out_subtype="FLOAT",
+        with_competition=True,
+    )
+    if not result.competition:
+        raise ApiError(422, "no_competition", f"model '{lm.name}' has no TIM competition to draw")
+    job.check()
+    with tempfile.TemporaryDirectory(prefix="tim-analyze-") as tmp:
+        source, target = Path(tmp) / "input", Path(tmp) / "maps.png"
+        source.write_bytes(data)
+        try:
+            with _PLOT_LOCK:
+                save_competition_map(str(target), result.competition, lm.checkpoint, str(source))
+        except ValueError as exc:  # matplotlib missing
+            raise ApiError(406, "png_unavailable", _reason(exc, name)) from None
+        return target.read_bytes()

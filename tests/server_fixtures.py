@@ -1,0 +1,97 @@
+"""Helpers for the server tests: a tiny checkpoint, a real uvicorn server in a thread, test audio."""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import soundfile as sf
+import torch
+import uvicorn
+
+from models import Enhancer, get_config, save_checkpoint
+from server.app import create_app
+from server.config import ServerConfig
+from server.registry import Loader
+from tests.conftest import speech_like
+
+
+def tiny_checkpoint(path: Path) -> Path:
+    torch.manual_seed(0)
+    save_checkpoint(path, Enhancer(get_config("tiny")), "tiny")
+    return path
+
+
+def noisy(seconds: float, rate: int = 16000, channels: int = 1, seed: int = 0) -> np.ndarray:
+    """[samples, channels] float32: speech-like signal plus white noise."""
+    rng = np.random.default_rng(seed)
+    cols = [speech_like(seconds, rate, seed=seed + c) for c in range(channels)]
+    x = np.stack(cols, axis=1)
+    return (x + 0.02 * rng.standard_normal(x.shape)).astype(np.float32)
+
+
+def wav_bytes(x: np.ndarray, rate: int, fmt: str = "WAV", subtype: str | None = "PCM_16") -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, x, rate, format=fmt, subtype=subtype)
+    return buf.getvalue()
+
+
+def free_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+class RunningServer:
+    def __init__(self, app: Any, server: uvicorn.Server, port: int) -> None:
+        self.app, self.server, self.port = app, server, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.ws_url = f"ws://127.0.0.1:{port}"
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60.0, **kwargs)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        with self.client() as c:
+            while time.monotonic() < deadline:
+                if c.get("/readyz").status_code == 200:
+                    return
+                time.sleep(0.05)
+        raise TimeoutError("server did not become ready")
+
+
+@contextmanager
+def run_server(
+    config: ServerConfig, *, loader: Loader | None = None, wait_ready: bool = True
+) -> Iterator[RunningServer]:
+    """A real uvicorn server on 127.0.0.1 (free port) in a background thread."""
+    app = create_app(config, loader=loader)
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", ws="websockets-sansio"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    running = RunningServer(app, server, port)
+    try:
+        if wait_ready:
+            running.wait_ready()
+        yield running
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
