@@ -19,8 +19,10 @@ Exit status: 0 when every file was enhanced, 1 when any file failed (the others 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -80,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="audio per model pass: memory vs. speed, same result at any size (default %(default)s)",
     )
     p.add_argument("--threads", type=int, help="CPU threads for the model (default: PyTorch's choice)")
+    p.add_argument(
+        "--max-attenuation-db",
+        type=float,
+        metavar="DB",
+        help="never attenuate more than DB dB (default: the model's own setting; 'inf' = no limit)",
+    )
     s = p.add_argument_group("real-time streaming")
     s.add_argument(
         "--stream",
@@ -130,8 +138,12 @@ def load_model(args: argparse.Namespace) -> Checkpoint:
     if args.checkpoint:
         ck = load_checkpoint(args.checkpoint, map_location="cpu")
         ck.model.to(args.device)
-        return ck
-    return load_pretrained(args.model, args.device)
+    else:
+        ck = load_pretrained(args.model, args.device)
+    if args.max_attenuation_db is not None:
+        limit = None if math.isinf(args.max_attenuation_db) else args.max_attenuation_db
+        ck.model.cfg = dataclasses.replace(ck.model.cfg, max_attenuation_db=limit)
+    return ck
 
 
 class Progress:

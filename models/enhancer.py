@@ -1,6 +1,7 @@
 """The full enhancer: noisy log1p magnitude [B, T, 257] -> clean log1p magnitude [B, T, 257].
 
-    features -> PreEncoder (causal convs, spends the lookahead) -> blocks 1..8 (standard or TIM) -> Linear -> softplus
+    features -> PreEncoder (causal convs, spends the lookahead) -> blocks 1..8 (standard or TIM) -> Linear
+             -> output (residual or direct, see EnhancerConfig.output) -> attenuation limit (eval only)
 
 Output frame t depends on input frames ``t - receptive_past ... t + lookahead`` only (tested).
 """
@@ -34,6 +35,9 @@ class EnhancerConfig:
     # reached from the identity (converges much faster, see README). Default "direct" = what configs without
     # this key meant.
     output: str = "direct"
+    # inference only: the output magnitude never falls more than this many dB below the noisy input's (no
+    # spectral holes; like DeepFilterNet's atten_lim). None = no limit. Not applied in training mode.
+    max_attenuation_db: float | None = None
 
     def __post_init__(self) -> None:
         if self.output not in OUTPUT_MODES:
@@ -118,11 +122,19 @@ class Enhancer(nn.Module):
             h, c, _ = layer(h)
             if c is not None:
                 maps.append(c)
-        if self.cfg.output == "residual":
-            log_mag = F.relu(feats + self.head(h))  # non-negative, like log1p(|X|)
-        else:
-            log_mag = F.softplus(self.head(h))
-        return EnhancerOutput(log_mag, maps if return_competition else None)
+        return EnhancerOutput(self.output_stage(feats, h), maps if return_competition else None)
+
+    def output_stage(self, feats: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """Predicted clean log1p magnitude of the frames whose input features are ``feats`` [B, T, F] and whose
+        last hidden states are ``h`` [B, T, d]: non-negative, then the attenuation limit (eval mode only)."""
+        head = self.head(h)
+        log_mag = F.relu(feats + head) if self.cfg.output == "residual" else F.softplus(head)
+        limit = self.cfg.max_attenuation_db
+        if limit is not None and not self.training:
+            # log1p(|X| * min gain); exp - 1 rather than expm1, which ONNX lacks
+            floor = torch.log1p((torch.exp(feats) - 1.0) * (10.0 ** (-limit / 20.0)))
+            log_mag = torch.maximum(log_mag, floor)
+        return log_mag
 
     def new_state(self, batch: int) -> EnhancerState:
         """An empty streaming state (caches are created on the first step)."""
@@ -179,11 +191,7 @@ def _step(model: Enhancer, feats: torch.Tensor, state: EnhancerState, final: boo
             if c is not None:
                 maps.append(c)
         new_kv.append(cache)
-    head = model.head(h)
-    if model.cfg.output == "residual":
-        log_mag = F.relu(pending[:, :n_out] + head)
-    else:
-        log_mag = F.softplus(head)
+    log_mag = model.output_stage(pending[:, :n_out], h)
     state = EnhancerState(
         conv, new_kv, pending[:, n_out:], state.frames_in + feats.shape[1], state.frames_out + n_out
     )

@@ -14,7 +14,6 @@ is exactly the zero padding of the offline path (log1p|0| = 0). Same numbers as 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from models.attention import StaticKV
@@ -66,6 +65,5 @@ class StaticStep(nn.Module):
             new_valid = cache.valid
             if c is not None:
                 maps.append(c)
-        head = self.model.head(h)
-        log_mag = F.relu(previous + head) if self.model.cfg.output == "residual" else F.softplus(head)
+        log_mag = self.model.output_stage(previous, h)
         return (log_mag, *maps, *new_convs, new_valid, *new_kv)

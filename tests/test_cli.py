@@ -306,3 +306,19 @@ def test_stream_raw_pcm_pipe(ckpt: str) -> None:
     assert proc.returncode == 0 and len(proc.stdout) == stereo.nbytes
     bad = cli("--stream", "-", "-o", "x.wav", "--checkpoint", ckpt, stdin=pcm.tobytes())
     assert bad.returncode == 1 and b"use -o -" in bad.stderr
+
+
+def test_max_attenuation_flag_overrides_the_model(tmp_path: Path, ckpt: str) -> None:
+    src = tmp_path / "in.wav"
+    x = noisy(1.0, 16000)
+    sf.write(src, x, 16000, subtype="FLOAT")
+    outs = {}
+    for flag in ("inf", "0"):
+        dst = tmp_path / f"o{flag}.wav"
+        assert (
+            cli(str(src), "-o", str(dst), "--checkpoint", ckpt, "--max-attenuation-db", flag).returncode == 0
+        )
+        outs[flag], _ = load_audio(dst)
+    ref = enhance_audio(load_checkpoint(ckpt).model, np.ascontiguousarray(x.T), 16000).wav  # tiny: no limit
+    assert np.abs(outs["inf"] - ref).max() < 1e-5
+    assert np.abs(outs["0"] - ref).max() > 1e-3  # a 0-dB limit keeps at least the noisy magnitude: different

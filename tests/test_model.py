@@ -171,3 +171,26 @@ def test_tiny_model_overfits_one_pair() -> None:
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0] / 10, (losses[0], losses[-1])
+
+
+def test_attenuation_limit_applies_in_eval_only() -> None:
+    import dataclasses
+
+    cfg = dataclasses.replace(get_config("tiny"), max_attenuation_db=12.0)
+    torch.manual_seed(0)
+    model = Enhancer(cfg).double()
+    x = torch.rand(2, 30, 257, dtype=torch.float64) * 3
+    floor = torch.log1p((torch.exp(x) - 1) * 10 ** (-12 / 20))
+    model.eval()
+    with torch.no_grad():
+        limited = model(x).log_mag
+        assert (limited >= floor - 1e-12).all()
+        model.train()
+        torch.manual_seed(1)
+        free_train = model(x).log_mag
+        model.cfg = dataclasses.replace(cfg, max_attenuation_db=None)
+        model.eval()
+        free = model(x).log_mag
+    assert (free < floor - 1e-6).any()  # the limit did something...
+    assert torch.equal(limited, torch.maximum(free, floor))  # ...and nothing else
+    assert (free_train < floor - 1e-6).any()  # not applied while training
