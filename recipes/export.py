@@ -12,6 +12,7 @@ Every number in the card comes from this command's own evaluation run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import sys
@@ -52,19 +53,51 @@ def example_metrics(model: Any) -> dict[str, dict[str, float]]:
     }
 
 
+def sweep_attenuation(
+    ck: Any, pairs: list[Any], limits: list[float | None], out: Path
+) -> list[dict[str, Any]]:
+    """PESQ/STOI/SI-SDR of the enhanced output for each attenuation limit (None = no limit), on ``pairs``."""
+    rows = []
+    for limit in limits:
+        ck.model.cfg = dataclasses.replace(ck.model.cfg, max_attenuation_db=limit)
+        tag = "none" if limit is None else f"{limit:g}"
+        r = evaluate(ck.model, pairs, out / f"sweep-{tag}", dnsmos=False, log=None)["summary"]
+        scores = {k: r["enhanced"][k] for k in ("pesq", "stoi", "si_sdr")}
+        rows.append({"limit_db": limit, **scores, "noisy": r["noisy"]})
+    return rows
+
+
+def sweep_table(rows: list[dict[str, Any]], n_pairs: int) -> str:
+    noisy = rows[0]["noisy"]
+    lines = [
+        f"## Attenuation limit\n\nChosen by PESQ on the first {n_pairs} dev pairs (they are also among the pairs above):",
+        "",
+        "| max attenuation (dB) | PESQ | STOI | SI-SDR (dB) |",
+        "|---|---|---|---|",
+        f"| (noisy input) | {noisy['pesq']:.3f} | {noisy['stoi']:.3f} | {noisy['si_sdr']:.2f} |",
+    ]
+    for r in rows:
+        tag = "no limit" if r["limit_db"] is None else f"{r['limit_db']:g}"
+        lines.append(f"| {tag} | {r['pesq']:.3f} | {r['stoi']:.3f} | {r['si_sdr']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def model_card(
-    name: str, ck: Any, run: Path, evaluation: dict[str, Any], pairs_root: str, rows: list[dict[str, str]]
+    name: str, ck: Any, run: Path, evaluation: dict[str, Any], command: str, rows: list[dict[str, str]]
 ) -> str:
     cfg = json.loads((run / "config.json").read_text())
+    cfg_m = ck.model.cfg
     train, data = cfg["train"], cfg["data"]
     best = min(rows, key=lambda r: float(r["val_loss"]))
     epochs = len(rows)
     return (
         f"""# Bundled model `{name}`
 
-- **Architecture**: `{ck.name}` ({count_parameters(ck.model):,} parameters), {ck.config.n_layers} blocks, TIM blocks
-  {list(ck.config.tim_blocks)}, n_s = {ck.config.n_mechanisms}, output `{ck.config.output}`, lookahead
-  {ck.config.lookahead_frames} frame, attention context {ck.config.context_frames} frames.
+- **Architecture**: `{ck.name}` ({count_parameters(ck.model):,} parameters), {cfg_m.n_layers} blocks, TIM blocks
+  {list(cfg_m.tim_blocks)}, n_s = {cfg_m.n_mechanisms}, output `{cfg_m.output}`, lookahead {cfg_m.lookahead_frames}
+  frame, attention context {cfg_m.context_frames} frames, attenuation limit
+  {"none" if cfg_m.max_attenuation_db is None else f"{cfg_m.max_attenuation_db:g} dB"} (`enhance-cli --max-attenuation-db`
+  overrides it).
 - **Training data**: the shared development corpus (`{", ".join(data.get("speech") or [])}` speech +
   `{", ".join(data.get("noise") or [])}` noise, dynamic mixing at SNR uniform in {data["mixing"]["snr_db"]} dB,
   mixture level {data["mixing"]["level_dbfs"]} dBFS, {data["mixing"]["segment_seconds"]} s segments). Speech:
@@ -76,7 +109,7 @@ def model_card(
   epochs without validation improvement, seed {train["seed"]}, on the CPU. **{epochs} epochs done of {train["epochs"]}
   planned** (one epoch = one pass over the speech files in 4-s segments); these weights are from epoch
   {best["epoch"]} (lowest validation loss, {float(best["val_loss"]):.4f}).
-- **Validation / evaluation data**: the corpus' 120 fixed dev pairs (`{pairs_root}`; held-out LibriSpeech speakers and
+- **Validation / evaluation data**: the corpus' fixed dev pairs (`{evaluation["pairs_root"]}`; held-out LibriSpeech speakers and
   held-out noise files at 0-15 dB SNR). They were used to pick the epoch, so the numbers below are validation numbers,
   not a test-set result, and not comparable with VoiceBank-DEMAND or DNS Challenge results.
 
@@ -84,7 +117,7 @@ def model_card(
 
 {markdown_table(evaluation["summary"])}
 Files where a metric failed are counted in `n_failed`. Reproduce:
-`python -m recipes.export --run {run} --name {name} --pairs {pairs_root}` (exported {time.strftime("%Y-%m-%d")}).
+`{command}` (exported {time.strftime("%Y-%m-%d")}).
 
 ## Training curve
 
@@ -106,19 +139,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", required=True, help="paired dev/test folder to evaluate on")
     ap.add_argument("--no-dnsmos", action="store_true")
     ap.add_argument("--limit", type=int)
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--attenuation-sweep",
+        help="comma-separated max-attenuation limits in dB to try ('none' = no limit); the best PESQ is kept",
+    )
+    ap.add_argument("--sweep-pairs", type=int, default=20, help="dev pairs the sweep is scored on")
+    args = ap.parse_args(argv if argv is not None else sys.argv[1:])
     run = Path(args.run)
     ck = load_checkpoint(run / "best.safetensors")
     out = run / f"eval-{args.name}"
-    evaluation = evaluate(
-        ck.model, discover_pairs(args.pairs).pairs, out, dnsmos=not args.no_dnsmos, limit=args.limit
-    )
+    pairs = discover_pairs(args.pairs).pairs
+    sweep = ""
+    if args.attenuation_sweep:
+        limits = [None if v.strip() == "none" else float(v) for v in args.attenuation_sweep.split(",")]
+        sweep_rows = sweep_attenuation(ck, pairs[: args.sweep_pairs], limits, out)
+        best = max(sweep_rows, key=lambda r: r["pesq"])
+        ck.model.cfg = dataclasses.replace(ck.model.cfg, max_attenuation_db=best["limit_db"])
+        sweep = "\n" + sweep_table(sweep_rows, args.sweep_pairs)
+    evaluation = evaluate(ck.model, pairs, out, dnsmos=not args.no_dnsmos, limit=args.limit)
+    evaluation["pairs_root"] = args.pairs
     rows = read_csv(run / "metrics.csv")
     training = {**ck.training, "evaluation": {"pairs": args.pairs, "summary": evaluation["summary"]}}
     training = json.loads(json.dumps(training, default=float).replace("NaN", "null"))
     target = PRETRAINED_DIR / f"{args.name}.safetensors"
     save_checkpoint(target, ck.model, ck.name, training)
-    card = model_card(args.name, ck, run, evaluation, args.pairs, rows)
+    command = "python -m recipes.export " + " ".join(argv if argv is not None else sys.argv[1:])
+    card = model_card(args.name, ck, run, evaluation, command, rows) + sweep
     with atomic_path(PRETRAINED_DIR / f"{args.name}.md") as tmp:
         Path(tmp).write_text(card)
     if args.name == DEFAULT_MODEL:
