@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from models.attention import AttentionConfig, KVCache, MultiHeadAttention, StaticKV
+from models.sdu import SDUConfig, SDUGate
 
 
 @dataclass(frozen=True)
@@ -27,10 +28,12 @@ class StandardLayerConfig:
 
 
 class StandardLayer(nn.Module):
-    def __init__(self, cfg: StandardLayerConfig) -> None:
+    def __init__(self, cfg: StandardLayerConfig, sdu: SDUConfig | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model
+        self.sdu_attn = SDUGate(1, d, sdu) if sdu is not None and sdu.attention else None
+        self.sdu_ffn = SDUGate(1, d, sdu) if sdu is not None and sdu.ffn else None
         self.attn = MultiHeadAttention(cfg.attention)
         self.norm1 = nn.LayerNorm(d)
         self.ffn = nn.Sequential(
@@ -47,6 +50,13 @@ class StandardLayer(nn.Module):
     ) -> tuple[torch.Tensor, None, KVCache | StaticKV | None]:
         # h: [B, T, d]; returns (h, competition=None, attention cache) like TIMLayer
         a, cache = self.attn(h.unsqueeze(2), cache)
-        h = self.norm1(h + self.drop(a.squeeze(2)))
-        h = self.norm2(h + self.drop(self.ffn(h)))
+        h = self.norm1(_residual(self.sdu_attn, h, self.drop(a.squeeze(2))))
+        h = self.norm2(_residual(self.sdu_ffn, h, self.drop(self.ffn(h))))
         return h, None, cache
+
+
+def _residual(gate: SDUGate | None, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x + y, or the SDU/highway combination of a [B, T, d] input and sub-layer output."""
+    if gate is None:
+        return x + y
+    return gate(x.unsqueeze(2), y.unsqueeze(2)).squeeze(2)

@@ -18,6 +18,7 @@ from enhance.stft import STFTConfig
 from models.attention import KVCache, MultiHeadAttention
 from models.encoder_layer import StandardLayer, StandardLayerConfig
 from models.pre_encoder import PreEncoder, PreEncoderConfig
+from models.sdu import SDUConfig
 from models.tim_layer import TIMLayer, TIMLayerConfig
 
 OUTPUT_MODES = ("direct", "residual")
@@ -38,6 +39,9 @@ class EnhancerConfig:
     # inference only: the output magnitude never falls more than this many dB below the noisy input's (no
     # spectral holes; like DeepFilterNet's atten_lim). None = no limit. Not applied in training mode.
     max_attenuation_db: float | None = None
+    # self-dependency units (Highway Transformer) on these 1-based blocks; None/() = none
+    sdu: SDUConfig | None = None
+    sdu_blocks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.output not in OUTPUT_MODES:
@@ -46,6 +50,10 @@ class EnhancerConfig:
             raise ValueError(f"pre_encoder.n_bins {self.pre_encoder.n_bins} != STFT bins {self.stft.n_bins}")
         if self.standard.d_model != self.pre_encoder.d_model:
             raise ValueError("standard layers' d_model must equal the pre-encoder's output width")
+        if self.sdu_blocks and self.sdu is None:
+            raise ValueError("sdu_blocks given but no sdu config")
+        if not all(1 <= b <= self.n_layers for b in self.sdu_blocks):
+            raise ValueError(f"sdu_blocks {self.sdu_blocks} outside 1..{self.n_layers}")
         if self.tim_blocks:
             if self.tim is None:
                 raise ValueError("tim_blocks given but no tim layer config")
@@ -92,11 +100,12 @@ class Enhancer(nn.Module):
         self.pre_encoder = PreEncoder(cfg.pre_encoder)
         layers: list[nn.Module] = []
         for block in range(1, cfg.n_layers + 1):
+            sdu = cfg.sdu if block in cfg.sdu_blocks else None
             if block in cfg.tim_blocks:
                 assert cfg.tim is not None
-                layers.append(TIMLayer(cfg.tim))
+                layers.append(TIMLayer(cfg.tim, sdu))
             else:
-                layers.append(StandardLayer(cfg.standard))
+                layers.append(StandardLayer(cfg.standard, sdu))
         self.layers = nn.ModuleList(layers)
         self.head = nn.Linear(cfg.d_model, cfg.pre_encoder.n_bins)
 

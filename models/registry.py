@@ -13,12 +13,14 @@ code used 512, which gives 5.58M for n_s=2 (see README).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from models.attention import AttentionConfig
 from models.encoder_layer import StandardLayerConfig
 from models.enhancer import EnhancerConfig
 from models.pre_encoder import PreEncoderConfig
+from models.sdu import SDUConfig
 from models.tim_layer import TIMLayerConfig
 
 PAPER_TIM_BLOCKS = (3, 4, 5, 6, 7)
@@ -41,6 +43,13 @@ def paper_config(
         d_ff=tim_d_ff,
     )
     return EnhancerConfig(standard=standard, tim=tim, tim_blocks=PAPER_TIM_BLOCKS, output=output)
+
+
+def with_sdu(
+    cfg: EnhancerConfig, sdu: SDUConfig | None = None, blocks: tuple[int, ...] = (1, 2)
+) -> EnhancerConfig:
+    """``cfg`` with self-dependency units on ``blocks`` (default: the two bottom blocks, attention and FFN)."""
+    return dataclasses.replace(cfg, sdu=sdu or SDUConfig(), sdu_blocks=blocks)
 
 
 def tiny_config(n_mechanisms: int = 2, competition: bool = True, context_frames: int = 4) -> EnhancerConfig:
@@ -70,13 +79,22 @@ REGISTRY: dict[str, Callable[[], EnhancerConfig]] = {
     "tim": lambda: paper_config(2, tim_d_ff=768),
     "tim4": lambda: paper_config(4, tim_d_ff=2048),
     "tim-direct": lambda: paper_config(2, tim_d_ff=768, output="direct"),
+    # Highway Transformer's self-dependency units on the bottom blocks (where that paper found them best)
+    "transformer+sdu": lambda: with_sdu(paper_config(1)),
+    "tim+sdu": lambda: with_sdu(paper_config(2, tim_d_ff=768)),
+    "tim+highway": lambda: with_sdu(paper_config(2, tim_d_ff=768), SDUConfig(highway=True)),
     "tiny": lambda: tiny_config(2),
     "tiny-transformer": lambda: tiny_config(1),
     "tiny-nocomp": lambda: tiny_config(2, competition=False),
     "tiny-tim4": lambda: tiny_config(4),
+    "tiny+sdu": lambda: with_sdu(
+        tiny_config(2), SDUConfig(psi="tanh")
+    ),  # block 2 is TIM: per-mechanism gates
+    "tiny+highway": lambda: with_sdu(tiny_config(2), SDUConfig(highway=True, attention=False)),
 }
 
 PAPER_CONFIGS = ("transformer", "tim-nocomp", "tim", "tim4")
+SDU_CONFIGS = ("transformer+sdu", "tim+sdu", "tim+highway")
 
 
 def get_config(name: str) -> EnhancerConfig:

@@ -23,6 +23,7 @@ from torch import nn
 
 from models.attention import AttentionConfig, KVCache, MultiHeadAttention, StaticKV
 from models.group_linear import GroupLayerNorm, GroupLinear
+from models.sdu import SDUConfig, SDUGate
 
 
 @dataclass(frozen=True)
@@ -77,10 +78,13 @@ class InterMechanismAttention(nn.Module):
 
 
 class TIMLayer(nn.Module):
-    def __init__(self, cfg: TIMLayerConfig) -> None:
+    def __init__(self, cfg: TIMLayerConfig, sdu: SDUConfig | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         g, dm = cfg.n_mechanisms, cfg.d_mechanism
+        # optional self-dependency gates (per mechanism) on the position-attention and FFN residuals
+        self.sdu_attn = SDUGate(g, dm, sdu) if sdu is not None and sdu.attention else None
+        self.sdu_ffn = SDUGate(g, dm, sdu) if sdu is not None and sdu.ffn else None
         self.score = GroupLinear(g, dm, 1) if cfg.competition else None
         self.attn = MultiHeadAttention(cfg.attention)
         self.norm1 = GroupLayerNorm(g, dm)
@@ -108,8 +112,9 @@ class TIMLayer(nn.Module):
         m, cache = self.attn(h, cache)
         if c is not None:
             m = m * c.unsqueeze(-1)
-        h = self.norm1(h + self.drop(m))
+        m = self.drop(m)
+        h = self.norm1(h + m if self.sdu_attn is None else self.sdu_attn(h, m))
         h = self.norm2(h + self.drop(self.inter(h)))
-        f = self.ffn_out(self.drop(self.act(self.ffn_in(h))))
-        h = self.norm3(h + self.drop(f))
+        f = self.drop(self.ffn_out(self.drop(self.act(self.ffn_in(h)))))
+        h = self.norm3(h + f if self.sdu_ffn is None else self.sdu_ffn(h, f))
         return h.reshape(b, t, d), c, cache

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from models import PAPER_CONFIGS, REGISTRY, Enhancer, count_parameters, get_config
 from models.attention import banded_attention, banded_causal_mask
-from models.registry import paper_config, tiny_config
+from models.registry import SDU_CONFIGS, paper_config, tiny_config
 from models.tim_layer import TIMLayer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +127,7 @@ def test_nocomp_is_tim_with_competition_fixed_to_one() -> None:
     assert torch.allclose(y_forced, y_nocomp, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", PAPER_CONFIGS)
+@pytest.mark.parametrize("name", PAPER_CONFIGS + SDU_CONFIGS)
 def test_paper_configs_have_about_six_million_parameters(name: str) -> None:
     n = count_parameters(Enhancer(get_config(name)))
     assert 5.4e6 <= n <= 6.6e6, f"{name}: {n}"
@@ -194,3 +194,29 @@ def test_attenuation_limit_applies_in_eval_only() -> None:
     assert (free < floor - 1e-6).any()  # the limit did something...
     assert torch.equal(limited, torch.maximum(free, floor))  # ...and nothing else
     assert (free_train < floor - 1e-6).any()  # not applied while training
+
+
+@pytest.mark.parametrize("name", ["tiny+sdu", "tiny+highway", "tim+sdu"])
+def test_sdu_gates_exist_where_configured_and_get_gradients(name: str) -> None:
+    cfg = get_config(name)
+    model = Enhancer(cfg)
+    gated = {int(k.split(".")[1]) + 1 for k, _ in model.named_parameters() if ".sdu_" in k}
+    assert gated == set(cfg.sdu_blocks)
+    x = torch.rand(2, 12, 257) * 3
+    model(x).log_mag.square().mean().backward()
+    grads = {k: p.grad for k, p in model.named_parameters() if ".sdu_" in k}
+    assert grads and all(g is not None and g.abs().sum() > 0 for g in grads.values())
+
+
+def test_sdu_changes_the_function_and_highway_is_a_gate() -> None:
+    from models.sdu import SDUConfig, SDUGate
+
+    torch.manual_seed(0)
+    x, y = torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+    gate = SDUGate(2, 8, SDUConfig(highway=True))
+    t = torch.sigmoid(gate.gate(x))
+    assert torch.allclose(gate(x, y), t * y + (1 - t) * x)
+    sdu = SDUGate(2, 8, SDUConfig(psi="tanh"))
+    assert torch.allclose(sdu(x, y), x + y + torch.tanh(sdu.gate(x)) * sdu.value(x))  # type: ignore[misc]
+    with pytest.raises(ValueError, match="psi"):
+        SDUConfig(psi="relu")

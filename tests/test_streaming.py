@@ -14,7 +14,7 @@ from models import Enhancer, get_config
 from models.enhancer import EnhancerState
 from models.registry import paper_config
 
-TINY = ["tiny", "tiny-transformer", "tiny-nocomp", "tiny-tim4"]
+TINY = ["tiny", "tiny-transformer", "tiny-nocomp", "tiny-tim4", "tiny+sdu", "tiny+highway"]
 
 
 def _model(name_or_cfg, seed: int = 0) -> Enhancer:
