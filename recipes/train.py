@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=int)
     g.add_argument("--max-steps-per-epoch", type=int)
     g.add_argument("--segment-seconds", type=float)
+    g.add_argument("--init-from", help="start from this checkpoint's weights (fresh optimizer)")
     return p
 
 
@@ -88,6 +89,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
             "num_workers": args.num_workers,
             "threads": args.threads,
             "max_steps_per_epoch": args.max_steps_per_epoch,
+            "init_from": args.init_from,
         },
         "data": {
             "recipe": args.recipe,

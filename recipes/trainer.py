@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from enhance.stft import log_magnitude, rebuild, stft
-from models.checkpoint import save_checkpoint
+from models.checkpoint import load_checkpoint, load_state_strict, save_checkpoint
 from models.config_io import to_dict
 from models.enhancer import Enhancer
 from models.registry import get_config
@@ -52,6 +52,9 @@ class TrainConfig:
     log_every_steps: int = 10
     max_steps_per_epoch: int | None = None  # for smoke tests and quick looks
     threads: int | None = None  # torch intra-op threads on CPU (default: torch's choice)
+    # start from these weights (a .safetensors checkpoint of the same architecture), with a fresh optimizer: how a
+    # later session continues a run whose run folder (state.pt) it does not have. --resume is the exact way.
+    init_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -206,9 +209,11 @@ class Trainer:
             self.opt, mode="min", factor=cfg.train.lr_factor, patience=cfg.train.lr_patience
         )
         self.pos = Position()
-        torch.manual_seed(
-            cfg.train.seed + 1_000_003 * self.dist.rank
-        )  # per-rank dropout masks (weights: rank 0's)
+        if cfg.train.init_from and not (self.run_dir / "state.pt").is_file():
+            init = load_checkpoint(cfg.train.init_from)
+            load_state_strict(self.model, init.model.state_dict(), cfg.train.init_from)
+        # per-rank dropout masks (the weights are rank 0's, broadcast by DDP)
+        torch.manual_seed(cfg.train.seed + 1_000_003 * self.dist.rank)
         self._prepare_run_dir()
         self.data: RecipeData = build(cfg.data, cfg.train.seed)
         self.net: torch.nn.Module = (

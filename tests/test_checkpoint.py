@@ -105,3 +105,14 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch: 
         save_checkpoint(path, model, "tiny")
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["m.safetensors"]
+
+
+def test_checkpoint_file_gets_normal_permissions(tmp_path: Path) -> None:
+    import stat
+
+    mask = os.umask(0o022)
+    try:
+        save_checkpoint(tmp_path / "m.safetensors", Enhancer(get_config("tiny")), "tiny")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "m.safetensors").stat().st_mode) == 0o644

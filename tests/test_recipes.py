@@ -524,3 +524,42 @@ def test_ddp_train_loss_is_the_global_batch_loss(ddp_runs: DDPRuns) -> None:
     """metrics.csv's train_loss under DDP must be the mean over the global batch, as with one process."""
     rows_d, rows_s = metrics(ddp_runs.ddp), metrics(ddp_runs.single)
     assert float(rows_d[0]["train_loss"]) == pytest.approx(float(rows_s[0]["train_loss"]), rel=1e-4)
+
+
+def test_init_from_starts_with_the_checkpoints_weights(tmp_path: Path) -> None:
+    import numpy as np
+    import torch
+
+    from models import Enhancer, get_config, load_checkpoint, save_checkpoint
+    from recipes.datasets import DataConfig
+    from recipes.mixing import MixingConfig
+    from recipes.trainer import RunConfig, TrainConfig, Trainer
+    from tests.conftest import speech_like
+
+    torch.manual_seed(123)
+    start = tmp_path / "start.safetensors"
+    save_checkpoint(start, Enhancer(get_config("tiny")), "tiny")
+    speech, noise = tmp_path / "speech", tmp_path / "noise"
+    speech.mkdir()
+    noise.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        sf.write(speech / f"s{i}.wav", speech_like(1.2, seed=i), 16000)
+        sf.write(noise / f"n{i}.wav", (0.05 * rng.standard_normal(16000)).astype(np.float32), 16000)
+    cfg = RunConfig(
+        TrainConfig(
+            model="tiny", epochs=1, batch_size=2, max_steps_per_epoch=1, threads=1, init_from=str(start)
+        ),
+        DataConfig(
+            speech=(str(speech),),
+            noise=(str(noise),),
+            val_examples=2,
+            mixing=MixingConfig(segment_seconds=0.5),
+        ),
+    )
+    trainer = Trainer(cfg, tmp_path / "run")
+    expected = load_checkpoint(start).model.state_dict()
+    assert all(torch.equal(v, expected[k]) for k, v in trainer.model.state_dict().items())
+    bad = RunConfig(dataclasses.replace(cfg.train, model="tiny-tim4"), cfg.data)
+    with pytest.raises(Exception, match="shape mismatch"):
+        Trainer(bad, tmp_path / "run2")
