@@ -63,10 +63,10 @@ import peers
 import torch
 from tqdm import tqdm
 
-from enhance.audio_io import atomic_path
+from enhance.audio_io import atomic_path, load_mono_16k
 from enhance.errors import EnhanceError
 from models import CheckpointError
-from recipes.evaluate import load_mono_16k, write_csv, write_text
+from recipes.evaluate import write_csv, write_text
 from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics
 from recipes.pairs import discover_pairs
 

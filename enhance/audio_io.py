@@ -22,6 +22,10 @@ import soxr
 from enhance.errors import AudioError
 
 MODEL_RATE = 16000
+# file name suffixes treated as audio when scanning folders (CLI inputs, corpora, test sets)
+AUDIO_SUFFIXES = frozenset(
+    {".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".au", ".caf", ".w64", ".rf64"}
+)
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,15 @@ def check_audio(wav: np.ndarray, name: str = "<audio>") -> None:
     if not np.isfinite(wav).all():
         bad = int((~np.isfinite(wav)).sum())
         raise AudioError(f"{name}: {bad} sample(s) are NaN or infinite")
+
+
+def load_mono_16k(source: Source) -> tuple[np.ndarray, int, int]:
+    """Channel 0 of an audio file at 16 kHz as float32 ``[samples]``, with the file's rate and channel count.
+
+    Raises :class:`AudioError` for unreadable, empty or non-finite files.
+    """
+    wav, info = load_audio(source)
+    return resample(wav[:1], info.sample_rate, MODEL_RATE)[0], info.sample_rate, info.channels
 
 
 def resample(wav: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:

@@ -30,13 +30,11 @@ from typing import Any
 
 import torch
 
-from enhance.audio_io import AudioError, atomic_path
+from enhance.audio_io import AUDIO_SUFFIXES, AudioError, atomic_path
 from enhance.files import FileResult, enhance_bytes, enhance_file
 from enhance.pipe import stream_pcm
 from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from models.pretrained import DEFAULT_MODEL, load_pretrained
-
-AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".mp3", ".aiff", ".aif", ".au", ".caf", ".w64", ".rf64"}
 
 
 def _version() -> str:

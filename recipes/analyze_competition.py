@@ -27,13 +27,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from enhance.audio_io import atomic_path
+from enhance.audio_io import atomic_path, load_mono_16k
 from enhance.competition_map import entropy, save_competition_map
 from enhance.offline import enhance_waveform
 from enhance.stft import stft
 from models.checkpoint import Checkpoint, load_checkpoint
 from models.pretrained import load_pretrained
-from recipes.evaluate import load_mono_16k
 from recipes.pairs import discover_pairs
 
 

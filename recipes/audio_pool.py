@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-log = logging.getLogger(__name__)
+from enhance.audio_io import AUDIO_SUFFIXES
 
-AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".mp3", ".aiff", ".aif", ".au"}
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

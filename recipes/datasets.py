@@ -20,7 +20,7 @@ import numpy as np
 import soundfile as sf
 import torch
 
-from enhance.audio_io import AudioError, atomic_path, load_audio, resample
+from enhance.audio_io import AudioError, atomic_path, load_audio, load_mono_16k, resample
 from recipes.audio_pool import AudioPool, Skipped, list_audio, scan
 from recipes.mixing import MixingConfig, MixingDataset, mix
 from recipes.paired import PairedDataset
@@ -140,13 +140,11 @@ def load_val_pairs(root: str) -> tuple[list[ValPair], list[Skipped]]:
     bad: list[Skipped] = []
     for pair in find_pairs(root):
         try:
-            noisy, info_n = load_audio(pair.noisy_path)
-            clean, info_c = load_audio(pair.clean_path)
+            noisy, _, _ = load_mono_16k(pair.noisy_path)
+            clean, _, _ = load_mono_16k(pair.clean_path)
         except AudioError as exc:
             bad.append(Skipped(str(pair.noisy_path), str(exc)))
             continue
-        noisy = resample(noisy, info_n.sample_rate, 16000)[0]
-        clean = resample(clean, info_c.sample_rate, 16000)[0]
         n = min(len(noisy), len(clean))
         out.append(ValPair(pair.name, noisy[:n], clean[:n]))
     if not out:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from enhance.audio_io import MODEL_RATE, atomic_path, load_audio, resample
+from enhance.audio_io import MODEL_RATE, atomic_path, load_mono_16k
 from enhance.errors import EnhanceError
 from enhance.offline import enhance_waveform
 from models import CheckpointError, Enhancer, get_config, load_checkpoint
@@ -45,16 +45,6 @@ Log = Callable[[str], None]
 
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr)
-
-
-def load_mono_16k(path: str | os.PathLike[str]) -> tuple[np.ndarray, int, int]:
-    """Channel 0 of an audio file at 16 kHz as float32 ``[samples]``, with the file's rate and channel count.
-
-    Raises :class:`enhance.errors.AudioError` for unreadable, empty or non-finite files.
-    """
-    wav, info = load_audio(path)
-    mono = resample(wav[:1], info.sample_rate, MODEL_RATE)
-    return mono[0], info.sample_rate, info.channels
 
 
 def _scorer(dnsmos: bool | DNSMOS) -> DNSMOS | None:

@@ -111,11 +111,14 @@ def si_sdr(ref: np.ndarray, deg: np.ndarray) -> float:
     if not _usable(r, d):
         return NAN
     eps = np.finfo(np.float64).eps
-    ref_energy = float(np.dot(r, r))
-    alpha = float(np.dot(d, r)) / (ref_energy + eps)
+    r, d = r.astype(np.float64), d.astype(np.float64)
+    # np.sum of products, not np.dot: BLAS dot products can round differently with memory alignment, and the
+    # trainer logs this value, which an exactly resumed run must reproduce bit for bit
+    ref_energy = float(np.sum(r * r))
+    alpha = float(np.sum(d * r)) / (ref_energy + eps)
     target = alpha * r
     noise = d - target
-    return 10.0 * math.log10((float(np.dot(target, target)) + eps) / (float(np.dot(noise, noise)) + eps))
+    return 10.0 * math.log10((float(np.sum(target * target)) + eps) / (float(np.sum(noise * noise)) + eps))
 
 
 def default_dnsmos_model() -> Path:

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-AUDIO_SUFFIXES = frozenset({".wav", ".flac", ".ogg", ".opus", ".mp3", ".aif", ".aiff", ".au", ".w64"})
+from enhance.audio_io import AUDIO_SUFFIXES
+
 _FILEID = re.compile(r"fileid_(\d+)")
 # where the DNS {noisy,clean} folders are, relative to a root that is the data set, test_set or synthetic folder
 _DNS_SUBDIRS = ("test_set/synthetic/no_reverb", "synthetic/no_reverb", "no_reverb")

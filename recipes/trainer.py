@@ -33,6 +33,7 @@ from models.enhancer import Enhancer
 from models.registry import get_config
 from recipes import run_folder
 from recipes.datasets import DataConfig, RecipeData, ValPair, build, collate, describe_skipped
+from recipes.metrics import si_sdr
 
 
 @dataclass(frozen=True)
@@ -174,18 +175,9 @@ def validate(model: Enhancer, pairs: list[ValPair], device: torch.device) -> dic
         pred = model(log_magnitude(spec)).log_mag
         losses.append(F.mse_loss(pred, log_magnitude(stft(clean, model.cfg.stft))).item())
         est = rebuild(pred, spec, model.cfg.stft, noisy.shape[-1])
-        sdrs.append(_si_sdr(clean[0].double(), est[0].double()))
+        sdrs.append(si_sdr(p.clean, est[0].cpu().numpy()))
     model.train(was_training)
     return {"val_loss": float(np.mean(losses)), "val_si_sdr": float(np.nanmean(sdrs)) if sdrs else math.nan}
-
-
-def _si_sdr(ref: torch.Tensor, est: torch.Tensor) -> float:
-    energy = float((ref * ref).sum())
-    if energy == 0:
-        return math.nan
-    target = (est * ref).sum() / energy * ref
-    noise = est - target
-    return float(10 * torch.log10((target * target).sum() / ((noise * noise).sum() + 1e-20) + 1e-20))
 
 
 class Trainer:
