@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from enhance.audio_io import AudioInfo
 from server.audio import OUTPUT_FORMATS, negotiate_audio_format, safe_stem
 from server.auth import require_api_key
 from server.metrics import CONTENT_TYPE
@@ -22,7 +23,7 @@ from server.schemas import (
     ModelsResponse,
     ReadyResponse,
 )
-from server.upload import UPLOAD_FIELD, read_upload
+from server.upload import UPLOAD_FIELD, Upload, read_upload
 from server.work import Limits, analyze_png, analyze_upload, enhance_upload, inspect_upload
 
 _BINARY = {"type": "string", "format": "binary"}
@@ -93,6 +94,16 @@ def _precheck(request: Request, model: str | None) -> LoadedModel:
     return lm
 
 
+async def _receive(request: Request, model: str | None) -> tuple[LoadedModel, Upload, str, Limits, AudioInfo]:
+    """What both audio routes do first: refuse early, read the body within the limits, check the audio header."""
+    lm = _precheck(request, model)
+    cfg = request.app.state.config
+    upload = await read_upload(request, cfg.max_upload_bytes, cfg.upload_timeout_s)
+    name = safe_stem(upload.filename, "upload")
+    limits = _limits(request)
+    return lm, upload, name, limits, inspect_upload(upload.data, name, limits)
+
+
 @v1.post(
     "/enhance",
     summary="Enhance an audio file",
@@ -129,12 +140,8 @@ async def enhance(
     model: Annotated[str | None, _model_query()] = None,
 ) -> Response:
     fmt = negotiate_audio_format(format.value if format else None, request.headers.get("accept"))
-    lm = _precheck(request, model)
+    lm, upload, name, limits, info = await _receive(request, model)
     state = request.app.state
-    upload = await read_upload(request, state.config.max_upload_bytes, state.config.upload_timeout_s)
-    name = safe_stem(upload.filename, "upload")
-    limits = _limits(request)
-    info = inspect_upload(upload.data, name, limits)
     t0 = time.perf_counter()
     encoded, result = await state.jobs.run(
         lambda job: enhance_upload(lm, upload.data, info, name, fmt, limits, job)
@@ -182,12 +189,8 @@ async def analyze(
 ) -> Response:
     accept = request.headers.get("accept", "")
     png = format == AnalyzeFormat.png or (format is None and "image/png" in accept and "json" not in accept)
-    lm = _precheck(request, model)
+    lm, upload, name, limits, info = await _receive(request, model)
     state = request.app.state
-    upload = await read_upload(request, state.config.max_upload_bytes, state.config.upload_timeout_s)
-    name = safe_stem(upload.filename, "upload")
-    limits = _limits(request)
-    info = inspect_upload(upload.data, name, limits)
     t0 = time.perf_counter()
     headers = {"X-Model": lm.name, "X-Audio-Duration": f"{info.duration_s:.4f}"}
     if png:

@@ -137,22 +137,21 @@ def _block_summary(block: int, maps: np.ndarray, digits: int = 4) -> dict[str, A
     }
 
 
+def _enhance_with_maps(
+    lm: LoadedModel, data: bytes, info: AudioInfo, name: str, job: Job, limits: Limits
+) -> tuple[bytes, FileResult]:
+    """Enhance for analysis: float WAV out (levels are measured on it) and the competition maps."""
+    return _enhance(
+        lm, data, info, name, job, limits, out_format="WAV", out_subtype="FLOAT", with_competition=True
+    )
+
+
 def analyze_upload(
     lm: LoadedModel, data: bytes, info: AudioInfo, name: str, limits: Limits, job: Job
 ) -> dict[str, Any]:
     """The analysis JSON (see ``schemas.AnalyzeResponse``)."""
     t0 = time.perf_counter()
-    encoded, result = _enhance(
-        lm,
-        data,
-        info,
-        name,
-        job,
-        limits,
-        out_format="WAV",
-        out_subtype="FLOAT",
-        with_competition=True,
-    )
+    encoded, result = _enhance_with_maps(lm, data, info, name, job, limits)
     job.check()
     wav_in, _ = load_audio(data)
     wav_out, _ = sf.read(io.BytesIO(encoded), dtype="float32", always_2d=True)
@@ -177,17 +176,7 @@ def analyze_upload(
 
 def analyze_png(lm: LoadedModel, data: bytes, info: AudioInfo, name: str, limits: Limits, job: Job) -> bytes:
     """The competition maps drawn under the input's spectrogram (``enhance.competition_map``'s figure)."""
-    _, result = _enhance(
-        lm,
-        data,
-        info,
-        name,
-        job,
-        limits,
-        out_format="WAV",
-        out_subtype="FLOAT",
-        with_competition=True,
-    )
+    _, result = _enhance_with_maps(lm, data, info, name, job, limits)
     if not result.competition:
         raise ApiError(422, "no_competition", f"model '{lm.name}' has no TIM competition to draw")
     job.check()
