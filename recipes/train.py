@@ -17,6 +17,7 @@ Config files are merged in order (later wins), then flags override them. A confi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from models.config_io import from_dict
-from recipes.trainer import RunConfig, Trainer
+from recipes.trainer import RUNTIME_FIELDS, RunConfig, Trainer
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -126,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
             if not saved.is_file():
                 raise FileNotFoundError(f"{saved}: nothing to resume")
             cfg = from_dict(RunConfig, json.loads(saved.read_text()))
+            # Where and how fast a run executes may change between sessions (a GPU
+            # machine, fewer cores); what it computes may not.
+            runtime = {k: getattr(args, k) for k in RUNTIME_FIELDS}
+            runtime = {k: v for k, v in runtime.items() if v is not None}
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **runtime))
         else:
             cfg = resolve(args)
         result = Trainer(cfg, args.out, resume=args.resume).fit()

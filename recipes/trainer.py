@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from enhance.stft import log_magnitude, rebuild, stft
 from models.checkpoint import load_checkpoint, load_state_strict, save_checkpoint
-from models.config_io import to_dict
+from models.config_io import from_dict, to_dict
 from models.enhancer import Enhancer
 from models.registry import get_config
 from recipes import run_folder
@@ -226,7 +226,9 @@ class Trainer:
                     f"{self.run_dir} already holds a run; pass --resume or choose a new folder"
                 )
             saved = run_folder.load_state(state_path)
-            if saved["config"] != config:
+            # Round-trip the saved config so fields added since it was written take their defaults.
+            saved_config = to_dict(from_dict(RunConfig, saved["config"]))
+            if _without_runtime(saved_config) != _without_runtime(config):
                 raise ValueError(
                     f"{self.run_dir}: --resume with a different configuration than the run was started with"
                 )
@@ -390,3 +392,13 @@ def _progress(total: int, desc: str, main: bool):  # -> tqdm | None
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True)
+
+
+# Settings that decide where and how fast a run executes, not what it computes: a
+# resumed run may change them (another machine, fewer cores).
+RUNTIME_FIELDS = ("device", "threads", "num_workers")
+
+
+def _without_runtime(config: dict[str, Any]) -> dict[str, Any]:
+    train = {k: v for k, v in config.get("train", {}).items() if k not in RUNTIME_FIELDS}
+    return {**config, "train": train}

@@ -461,6 +461,11 @@ def test_resume_with_a_changed_config_is_refused(resume_runs: ResumeRuns) -> Non
     with in_process():  # the unchanged config is accepted
         trainer = Trainer(cfg, resume_runs.a, resume=True)
     assert trainer.pos.epoch == 2 and trainer.pos.global_step == 16
+    # ... and so is one that only moves the run to another machine (threads, workers)
+    moved = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, threads=2, device="cpu"))
+    with in_process():
+        trainer = Trainer(moved, resume_runs.a, resume=True)
+    assert trainer.pos.global_step == 16 and trainer.cfg.train.threads == 2
 
 
 # --------------------------------------------------------------------------------------------------- DDP
