@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.group_linear import GroupLinear
+from models.mae import MAEConfig, MAEGate, windowed_mean
 
 
 @dataclass(frozen=True)
@@ -89,45 +90,54 @@ def banded_attention(
 
 
 class KVCache:
-    """Keys and values of the last ``context_frames`` frames one attention layer has seen.
+    """Keys and values of the last ``context_frames`` frames one attention layer has seen (and, for MAE layers,
+    the gate's input ``u`` of the same frames).
 
-    ``k``/``v`` are views ``[B, H, n, Dh]`` (n <= context_frames) of buffers with room to append: appending
-    costs the new frames only (the buffers are compacted once every ~``context_frames`` frames), instead of
-    re-copying the whole context every step. Streaming state, bounded however long the stream.
+    ``k``/``v`` are views ``[B, H, n, Dh]`` (``u``: ``[B, G, n, d/G]``; n <= context_frames) of buffers with room to
+    append: appending costs the new frames only (the buffers are compacted once every ~``context_frames``
+    frames), instead of re-copying the whole context every step. Streaming state, bounded however long the stream.
     """
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        self._k, self._v = k, v  # [B, H, capacity, Dh]
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor | None = None) -> None:
+        self._bufs = [k, v] if u is None else [k, v, u]  # [B, H or G, capacity, D]
         self.start = self.end = 0
 
     @property
     def k(self) -> torch.Tensor:
-        return self._k[:, :, self.start : self.end]
+        return self._bufs[0][:, :, self.start : self.end]
 
     @property
     def v(self) -> torch.Tensor:
-        return self._v[:, :, self.start : self.end]
+        return self._bufs[1][:, :, self.start : self.end]
 
-    def extend(self, k: torch.Tensor, v: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append new frames; return views of cached + new keys and values (for this step's attention), then
-        forget all but the last ``keep`` frames."""
-        n, size = k.shape[2], self.end - self.start
-        if self.end + n > self._k.shape[2]:
+    @property
+    def u(self) -> torch.Tensor | None:
+        return self._bufs[2][:, :, self.start : self.end] if len(self._bufs) > 2 else None
+
+    def extend(self, *new: torch.Tensor, keep: int) -> list[torch.Tensor]:
+        """Append new frames (k, v and, for MAE layers, u); return views of cached + new frames of each (for this
+        step's attention), then forget all but the last ``keep`` frames."""
+        if len(new) != len(self._bufs):
+            raise ValueError(f"this cache holds {len(self._bufs)} tensors, got {len(new)}")
+        n, size = new[0].shape[2], self.end - self.start
+        if self.end + n > self._bufs[0].shape[2]:
             capacity = max(2 * (size + n), 2 * keep + 2 * n)
-            if capacity > self._k.shape[2]:
-                shape = (*self._k.shape[:2], capacity, self._k.shape[3])
-                new_k, new_v = self._k.new_empty(shape), self._v.new_empty(shape)
-            else:
-                new_k, new_v = self._k, self._v
-            new_k[:, :, :size] = self._k[:, :, self.start : self.end].clone()
-            new_v[:, :, :size] = self._v[:, :, self.start : self.end].clone()
-            self._k, self._v, self.start, self.end = new_k, new_v, 0, size
-        self._k[:, :, self.end : self.end + n] = k
-        self._v[:, :, self.end : self.end + n] = v
+            grown = []
+            for buf in self._bufs:
+                fresh = (
+                    buf.new_empty((*buf.shape[:2], capacity, buf.shape[3]))
+                    if capacity > buf.shape[2]
+                    else buf
+                )
+                fresh[:, :, :size] = buf[:, :, self.start : self.end].clone()
+                grown.append(fresh)
+            self._bufs, self.start, self.end = grown, 0, size
+        for buf, x in zip(self._bufs, new, strict=True):
+            buf[:, :, self.end : self.end + n] = x
         self.end += n
-        keys, values = self.k, self.v
+        views = [buf[:, :, self.start : self.end] for buf in self._bufs]
         self.start = max(self.start, self.end - keep)
-        return keys, values
+        return views
 
 
 class StaticKV(NamedTuple):
@@ -137,12 +147,13 @@ class StaticKV(NamedTuple):
     k: torch.Tensor
     v: torch.Tensor
     valid: torch.Tensor
+    u: torch.Tensor | None = None  # MAE layers: the gate's input of the same frames [B, G, C, d/G]
 
 
 class MultiHeadAttention(nn.Module):
     """Banded causal self-attention on ``[B, T, G, d_model / G]`` (G = ``cfg.n_groups``)."""
 
-    def __init__(self, cfg: AttentionConfig) -> None:
+    def __init__(self, cfg: AttentionConfig, mae: MAEConfig | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         g, d_group = cfg.n_groups, cfg.d_model // cfg.n_groups
@@ -150,6 +161,8 @@ class MultiHeadAttention(nn.Module):
         self.k = GroupLinear(g, d_group, d_group)
         self.v = GroupLinear(g, d_group, d_group)
         self.o = GroupLinear(g, d_group, d_group)
+        # mixture of attentive experts: per-head weights from a causal gate (None: plain multi-head attention)
+        self.mae = None if mae is None else MAEGate(g, d_group, cfg.n_heads // g, mae)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t = x.shape[:2]
@@ -163,10 +176,12 @@ class MultiHeadAttention(nn.Module):
         ``cache`` (empty tensors at the start); returns the updated cache."""
         b, t, g, dg = x.shape
         q, k, v = self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
+        u = x.transpose(1, 2) if self.mae is not None else None  # MAE gate input [B, G, T, d/G]
         ctx = self.cfg.context_frames
         if cache is None:
             p = self.cfg.attn_dropout if self.training else 0.0
             y = banded_attention(q, k, v, ctx, p)  # [B, H, T, Dh]
+            mean = None if u is None else windowed_mean(u, t, ctx)
         elif isinstance(cache, StaticKV):  # one frame against exactly ctx cached slots (ONNX export)
             keys, values = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
             valid = torch.cat([cache.valid, torch.ones_like(cache.valid[:1])])
@@ -174,18 +189,34 @@ class MultiHeadAttention(nn.Module):
             scores = torch.matmul(q, keys.transpose(-1, -2)) * (self.cfg.head_dim**-0.5)
             scores = scores.masked_fill(~valid, float("-inf"))
             y = torch.matmul(torch.softmax(scores, dim=-1), values)
-            cache = StaticKV(keys[:, :, 1:], values[:, :, 1:], valid[1:])
+            mean, new_u = None, None
+            if u is not None:
+                assert cache.u is not None, "an MAE layer's static cache needs the gate inputs u"
+                frames = torch.cat([cache.u, u], dim=2)
+                weight = valid.to(u.dtype).view(1, 1, -1, 1)
+                mean = (frames * weight).sum(dim=2, keepdim=True) / weight.sum()
+                new_u = frames[:, :, 1:]
+            cache = StaticKV(keys[:, :, 1:], values[:, :, 1:], valid[1:], new_u)
         else:
             past = cache.end - cache.start
-            keys, values = cache.extend(k, v, keep=ctx)  # later queries see lags <= ctx: the last ctx frames
+            # later queries see lags <= ctx: the last ctx frames
+            views = cache.extend(k, v, keep=ctx) if u is None else cache.extend(k, v, u, keep=ctx)
+            keys, values = views[0], views[1]
             if t == 1:  # one new frame sees every cached one: no mask needed
                 y = F.scaled_dot_product_attention(q, keys, values)
             else:
                 mask = banded_causal_mask(t, past + t, ctx, query_offset=past, device=x.device)
                 y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            mean = None if u is None else windowed_mean(views[2], t, ctx)
+        if self.mae is not None:
+            assert mean is not None
+            y = y * self.mae(mean)  # [B, H, T, Dh] * [B, H, T, 1]
         y = y.transpose(1, 2).reshape(b, t, g, dg)
         return self.o(y), cache
 
     def empty_cache(self, batch: int, like: torch.Tensor) -> KVCache:
-        shape = (batch, self.cfg.n_heads, 2 * self.cfg.context_frames + 16, self.cfg.head_dim)
-        return KVCache(like.new_zeros(shape), like.new_zeros(shape))
+        capacity = 2 * self.cfg.context_frames + 16
+        shape = (batch, self.cfg.n_heads, capacity, self.cfg.head_dim)
+        g = self.cfg.n_groups
+        u = None if self.mae is None else like.new_zeros(batch, g, capacity, self.cfg.d_model // g)
+        return KVCache(like.new_zeros(shape), like.new_zeros(shape), u)

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from models.attention import AttentionConfig, KVCache, MultiHeadAttention, StaticKV
+from models.mae import MAEConfig
 from models.sdu import SDUConfig, SDUGate
 
 
@@ -28,13 +29,15 @@ class StandardLayerConfig:
 
 
 class StandardLayer(nn.Module):
-    def __init__(self, cfg: StandardLayerConfig, sdu: SDUConfig | None = None) -> None:
+    def __init__(
+        self, cfg: StandardLayerConfig, sdu: SDUConfig | None = None, mae: MAEConfig | None = None
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model
         self.sdu_attn = SDUGate(1, d, sdu) if sdu is not None and sdu.attention else None
         self.sdu_ffn = SDUGate(1, d, sdu) if sdu is not None and sdu.ffn else None
-        self.attn = MultiHeadAttention(cfg.attention)
+        self.attn = MultiHeadAttention(cfg.attention, mae)
         self.norm1 = nn.LayerNorm(d)
         self.ffn = nn.Sequential(
             nn.Linear(d, cfg.d_ff),

@@ -17,6 +17,7 @@ from torch import nn
 from enhance.stft import STFTConfig
 from models.attention import KVCache, MultiHeadAttention
 from models.encoder_layer import StandardLayer, StandardLayerConfig
+from models.mae import MAEConfig
 from models.pre_encoder import PreEncoder, PreEncoderConfig
 from models.sdu import SDUConfig
 from models.tim_layer import TIMLayer, TIMLayerConfig
@@ -42,6 +43,9 @@ class EnhancerConfig:
     # self-dependency units (Highway Transformer) on these 1-based blocks; None/() = none
     sdu: SDUConfig | None = None
     sdu_blocks: tuple[int, ...] = ()
+    # mixture of attentive experts (Peng et al. 2020) in the attention of these 1-based blocks; None/() = none
+    mae: MAEConfig | None = None
+    mae_blocks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.output not in OUTPUT_MODES:
@@ -54,6 +58,10 @@ class EnhancerConfig:
             raise ValueError("sdu_blocks given but no sdu config")
         if not all(1 <= b <= self.n_layers for b in self.sdu_blocks):
             raise ValueError(f"sdu_blocks {self.sdu_blocks} outside 1..{self.n_layers}")
+        if self.mae_blocks and self.mae is None:
+            raise ValueError("mae_blocks given but no mae config")
+        if not all(1 <= b <= self.n_layers for b in self.mae_blocks):
+            raise ValueError(f"mae_blocks {self.mae_blocks} outside 1..{self.n_layers}")
         if self.tim_blocks:
             if self.tim is None:
                 raise ValueError("tim_blocks given but no tim layer config")
@@ -101,11 +109,12 @@ class Enhancer(nn.Module):
         layers: list[nn.Module] = []
         for block in range(1, cfg.n_layers + 1):
             sdu = cfg.sdu if block in cfg.sdu_blocks else None
+            mae = cfg.mae if block in cfg.mae_blocks else None
             if block in cfg.tim_blocks:
                 assert cfg.tim is not None
-                layers.append(TIMLayer(cfg.tim, sdu))
+                layers.append(TIMLayer(cfg.tim, sdu, mae))
             else:
-                layers.append(StandardLayer(cfg.standard, sdu))
+                layers.append(StandardLayer(cfg.standard, sdu, mae))
         self.layers = nn.ModuleList(layers)
         self.head = nn.Linear(cfg.d_model, cfg.pre_encoder.n_bins)
 
@@ -171,6 +180,7 @@ class EnhancerState:
 
     conv:     per pre-encoder conv, its last ``kernel_size - 1`` input frames            [B, C_in, <= k-1]
     kv:       per block, keys/values of its last ``context_frames`` frames               KVCache [B, H, <= C, Dh]
+              (MAE blocks also keep the gate's input of those frames)                    [B, G, <= C, d/G]
     pending:  input feature frames whose output waits for the lookahead (residual skip)  [B, <= lookahead, F]
     frames_in / frames_out: frames consumed / produced so far
     """

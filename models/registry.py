@@ -19,6 +19,7 @@ from collections.abc import Callable
 from models.attention import AttentionConfig
 from models.encoder_layer import StandardLayerConfig
 from models.enhancer import EnhancerConfig
+from models.mae import MAEConfig
 from models.pre_encoder import PreEncoderConfig
 from models.sdu import SDUConfig
 from models.tim_layer import TIMLayerConfig
@@ -52,6 +53,15 @@ def with_sdu(
     return dataclasses.replace(cfg, sdu=sdu or SDUConfig(), sdu_blocks=blocks)
 
 
+def with_mae(
+    cfg: EnhancerConfig, mae: MAEConfig | None = None, blocks: tuple[int, ...] | None = None
+) -> EnhancerConfig:
+    """``cfg`` with a mixture of attentive experts in the attention of ``blocks`` (default: every block, as the MAE
+    paper replaces every multi-head attention)."""
+    blocks = tuple(range(1, cfg.n_layers + 1)) if blocks is None else blocks
+    return dataclasses.replace(cfg, mae=mae or MAEConfig(), mae_blocks=blocks)
+
+
 def tiny_config(n_mechanisms: int = 2, competition: bool = True, context_frames: int = 4) -> EnhancerConfig:
     """A ~60k-parameter model with the same structure (3 blocks, block 2 TIM) for fast tests."""
     attn = AttentionConfig(d_model=16, n_heads=4, context_frames=context_frames)
@@ -83,6 +93,9 @@ REGISTRY: dict[str, Callable[[], EnhancerConfig]] = {
     "transformer+sdu": lambda: with_sdu(paper_config(1)),
     "tim+sdu": lambda: with_sdu(paper_config(2, tim_d_ff=768)),
     "tim+highway": lambda: with_sdu(paper_config(2, tim_d_ff=768), SDUConfig(highway=True)),
+    # a mixture of attentive experts (MAE) in every block's attention; per-mechanism gates in TIM blocks
+    "transformer+mae": lambda: with_mae(paper_config(1)),
+    "tim+mae": lambda: with_mae(paper_config(2, tim_d_ff=768)),
     "tiny": lambda: tiny_config(2),
     "tiny-transformer": lambda: tiny_config(1),
     "tiny-nocomp": lambda: tiny_config(2, competition=False),
@@ -91,10 +104,13 @@ REGISTRY: dict[str, Callable[[], EnhancerConfig]] = {
         tiny_config(2), SDUConfig(psi="tanh")
     ),  # block 2 is TIM: per-mechanism gates
     "tiny+highway": lambda: with_sdu(tiny_config(2), SDUConfig(highway=True, attention=False)),
+    "tiny+mae": lambda: with_mae(tiny_config(2), MAEConfig(hidden=8)),  # block 2 is TIM: a gate per mechanism
+    "tiny-transformer+mae": lambda: with_mae(tiny_config(1), MAEConfig(hidden=8)),
 }
 
 PAPER_CONFIGS = ("transformer", "tim-nocomp", "tim", "tim4")
 SDU_CONFIGS = ("transformer+sdu", "tim+sdu", "tim+highway")
+MAE_CONFIGS = ("transformer+mae", "tim+mae")
 
 
 def get_config(name: str) -> EnhancerConfig:

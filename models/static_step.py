@@ -5,6 +5,7 @@ State tensors, all of fixed shape (B = channels):
     conv_i   [B, C_in_i, kernel_size - 1]   last inputs of pre-encoder conv i (conv 0: the last two feature frames)
     valid    [context_frames] bool          which key/value slots are filled (False at the start of a stream)
     k_j, v_j [B, H, context_frames, Dh]     keys/values of block j's attention, oldest first
+    u_j      [B, G, context_frames, d/G]    MAE blocks only: the gate's input of the same frames
 
 Frame t in gives output frame t - 1 (the lookahead). The host (``enhance.onnx_backend``) does what does not fit
 fixed shapes: it only stores frame 0 (nothing to output yet), and at the end feeds one zero feature frame, which
@@ -43,6 +44,8 @@ class StaticStep(nn.Module):
             a = layer.attn.cfg
             shapes += [(f"k_{j}", (batch, a.n_heads, a.context_frames, a.head_dim))]
             shapes += [(f"v_{j}", (batch, a.n_heads, a.context_frames, a.head_dim))]
+            if layer.attn.mae is not None:
+                shapes += [(f"u_{j}", (batch, a.n_groups, a.context_frames, a.d_model // a.n_groups))]
         return shapes
 
     def forward(self, feat: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -58,10 +61,14 @@ class StaticStep(nn.Module):
             x = block.unpadded(full, exportable=True)
         h = x.transpose(1, 2)  # [B, 1, d]
         maps, new_kv, new_valid = [], [], valid
-        for j, layer in enumerate(self.model.layers):
-            h, c, cache = layer(h, StaticKV(kv[2 * j], kv[2 * j + 1], valid))
+        caches = iter(kv)
+        for layer in self.model.layers:
+            assert isinstance(layer, StandardLayer | TIMLayer)
+            k, v = next(caches), next(caches)
+            u = next(caches) if layer.attn.mae is not None else None
+            h, c, cache = layer(h, StaticKV(k, v, valid, u))
             assert isinstance(cache, StaticKV)
-            new_kv += [cache.k, cache.v]
+            new_kv += [cache.k, cache.v] if cache.u is None else [cache.k, cache.v, cache.u]
             new_valid = cache.valid
             if c is not None:
                 maps.append(c)

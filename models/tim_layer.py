@@ -23,6 +23,7 @@ from torch import nn
 
 from models.attention import AttentionConfig, KVCache, MultiHeadAttention, StaticKV
 from models.group_linear import GroupLayerNorm, GroupLinear
+from models.mae import MAEConfig
 from models.sdu import SDUConfig, SDUGate
 
 
@@ -78,7 +79,9 @@ class InterMechanismAttention(nn.Module):
 
 
 class TIMLayer(nn.Module):
-    def __init__(self, cfg: TIMLayerConfig, sdu: SDUConfig | None = None) -> None:
+    def __init__(
+        self, cfg: TIMLayerConfig, sdu: SDUConfig | None = None, mae: MAEConfig | None = None
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         g, dm = cfg.n_mechanisms, cfg.d_mechanism
@@ -86,7 +89,7 @@ class TIMLayer(nn.Module):
         self.sdu_attn = SDUGate(g, dm, sdu) if sdu is not None and sdu.attention else None
         self.sdu_ffn = SDUGate(g, dm, sdu) if sdu is not None and sdu.ffn else None
         self.score = GroupLinear(g, dm, 1) if cfg.competition else None
-        self.attn = MultiHeadAttention(cfg.attention)
+        self.attn = MultiHeadAttention(cfg.attention, mae)  # MAE: one gate per mechanism
         self.norm1 = GroupLayerNorm(g, dm)
         self.inter = InterMechanismAttention(g, dm, cfg.inter_heads, cfg.inter_head_dim, cfg.dropout)
         self.norm2 = GroupLayerNorm(g, dm)

@@ -32,6 +32,7 @@ from models.config_io import from_dict, to_dict
 from models.enhancer import Enhancer
 from models.registry import get_config
 from recipes import run_folder
+from recipes.bcd import BCD, BCDConfig
 from recipes.datasets import DataConfig, RecipeData, ValPair, build, collate, describe_skipped
 from recipes.metrics import si_sdr
 
@@ -56,6 +57,8 @@ class TrainConfig:
     # start from these weights (a .safetensors checkpoint of the same architecture), with a fresh optimizer: how a
     # later session continues a run whose run folder (state.pt) it does not have. --resume is the exact way.
     init_from: str | None = None
+    # block-coordinate descent for MAE models (None: gates and experts trained jointly, the plain gradient)
+    bcd: BCDConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         self.model = Enhancer(get_config(cfg.train.model)).to(self.device)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.train.lr)
+        self.bcd = BCD(self.model, cfg.train.bcd) if cfg.train.bcd is not None else None
         self.sched = torch.optim.lr_scheduler.ReduceLROnPlateau(
             self.opt, mode="min", factor=cfg.train.lr_factor, patience=cfg.train.lr_patience
         )
@@ -210,7 +214,9 @@ class Trainer:
         self.data: RecipeData = build(cfg.data, cfg.train.seed)
         self.net: torch.nn.Module = (
             DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
+                self.model,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                find_unused_parameters=self.bcd is not None,  # F steps do not use the gates
             )
             if self.dist.active
             else self.model
@@ -322,9 +328,12 @@ class Trainer:
         seg_seconds = self.cfg.data.mixing.segment_seconds
         for noisy, clean in loader:
             t0 = time.perf_counter()
+            phase = self.bcd.before_forward(pos.global_step) if self.bcd is not None else ""
             loss = loss_fn(self.net, noisy.to(self.device), clean.to(self.device), self.amp)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
+            if self.bcd is not None:
+                self.bcd.after_backward(phase)
             if cfg.grad_clip:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             self.opt.step()

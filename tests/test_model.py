@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from models import PAPER_CONFIGS, REGISTRY, Enhancer, count_parameters, get_config
 from models.attention import banded_attention, banded_causal_mask
-from models.registry import SDU_CONFIGS, paper_config, tiny_config
+from models.registry import MAE_CONFIGS, SDU_CONFIGS, paper_config, tiny_config
 from models.tim_layer import TIMLayer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +127,7 @@ def test_nocomp_is_tim_with_competition_fixed_to_one() -> None:
     assert torch.allclose(y_forced, y_nocomp, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", PAPER_CONFIGS + SDU_CONFIGS)
+@pytest.mark.parametrize("name", PAPER_CONFIGS + SDU_CONFIGS + MAE_CONFIGS)
 def test_paper_configs_have_about_six_million_parameters(name: str) -> None:
     n = count_parameters(Enhancer(get_config(name)))
     assert 5.4e6 <= n <= 6.6e6, f"{name}: {n}"

@@ -14,7 +14,16 @@ from models import Enhancer, get_config
 from models.enhancer import EnhancerState
 from models.registry import paper_config
 
-TINY = ["tiny", "tiny-transformer", "tiny-nocomp", "tiny-tim4", "tiny+sdu", "tiny+highway"]
+TINY = [
+    "tiny",
+    "tiny-transformer",
+    "tiny-nocomp",
+    "tiny-tim4",
+    "tiny+sdu",
+    "tiny+highway",
+    "tiny+mae",
+    "tiny-transformer+mae",
+]
 
 
 def _model(name_or_cfg, seed: int = 0) -> Enhancer:
@@ -158,7 +167,7 @@ def test_bad_chunks_are_refused() -> None:
         engine.process(bad)
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-transformer", "tiny-tim4"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-transformer", "tiny-tim4", "tiny+mae"])
 def test_onnx_backend_equals_pytorch(tmp_path, name: str) -> None:
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
