@@ -1,0 +1,161 @@
+"""Train several model configs the same way, evaluate each, and tabulate: the paper's comparison and the ablations.
+
+    python -m recipes.compare --out runs/compare --configs transformer tim-nocomp tim tim4 \\
+        --config recipes/configs/shared.json --epochs 3 --steps-per-epoch 30 --threads 1
+
+Every config gets the same data config, seed, epochs, steps and batch size (one run folder each under ``--out``);
+a run that is already complete is kept, a killed one is resumed (``--resume``), so the command can simply be run
+again. Each run's best checkpoint is then evaluated on ``--pairs`` (PESQ, STOI, SI-SDR; DNSMOS with ``--dnsmos``).
+Writes ``--out``/comparison.md (the table, with the noisy input row) and comparison.png (validation loss per epoch,
+the convergence curves) if matplotlib is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from enhance.audio_io import atomic_path
+from models.registry import REGISTRY
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tim-compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("--configs", nargs="+", required=True, choices=sorted(REGISTRY), metavar="NAME")
+    p.add_argument("--out", type=Path, required=True, help="folder for one run folder per config")
+    p.add_argument("--config", action="append", default=[], help="data/train JSON shared by all runs")
+    p.add_argument(
+        "--pairs", default=None, help="paired dev/test set to evaluate on (default: the data config's)"
+    )
+    p.add_argument("--epochs", type=int, required=True)
+    p.add_argument("--steps-per-epoch", type=int, default=None, help="cap steps per epoch (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--dnsmos", action="store_true", help="also score DNSMOS (slower)")
+    p.add_argument("--skip-training", action="store_true", help="only evaluate and tabulate existing runs")
+    return p
+
+
+def _epochs_done(run: Path) -> int:
+    metrics = run / "metrics.csv"
+    if not metrics.is_file():
+        return 0
+    with metrics.open() as f:
+        return sum(1 for _ in csv.DictReader(f))
+
+
+def train(name: str, run: Path, args: argparse.Namespace) -> None:
+    if _epochs_done(run) >= args.epochs:
+        print(f"[compare] {name}: {args.epochs} epochs already done", flush=True)
+        return
+    cmd = [sys.executable, "-m", "recipes.train", "--out", str(run)]
+    if (run / "state.pt").is_file():
+        cmd.append("--resume")
+    else:
+        for c in args.config:
+            cmd += ["--config", c]
+        cmd += ["--model", name, "--epochs", str(args.epochs), "--seed", str(args.seed)]
+        if args.steps_per_epoch:
+            cmd += ["--max-steps-per-epoch", str(args.steps_per_epoch)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    print(f"[compare] {name}: {' '.join(cmd[1:])}", flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT)
+
+
+def evaluate(name: str, run: Path, pairs: str, dnsmos: bool) -> dict:
+    out = run / "eval"
+    if not (out / "summary.json").is_file():
+        cmd = [sys.executable, "-m", "recipes.evaluate", "--checkpoint", str(run / "best.safetensors")]
+        cmd += ["--pairs", pairs, "--out", str(out)] + ([] if dnsmos else ["--no-dnsmos"])
+        print(f"[compare] {name}: evaluating on {pairs}", flush=True)
+        subprocess.run(cmd, check=True, cwd=ROOT)
+    return json.loads((out / "summary.json").read_text())
+
+
+def val_curve(run: Path) -> list[float]:
+    with (run / "metrics.csv").open() as f:
+        return [float(row["val_loss"]) for row in csv.DictReader(f)]
+
+
+def _fmt(value: float | None, digits: int) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def table(rows: list[tuple[str, list[float], dict]], dnsmos: bool) -> str:
+    metrics = [("pesq", 3), ("stoi", 3), ("si_sdr", 2)] + ([("dnsmos_ovrl", 3)] if dnsmos else [])
+    head = ["system", "val loss by epoch", "best val loss", *(m for m, _ in metrics), "files"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    noisy = rows[0][2]["summary"]["noisy"] if rows else None
+    if noisy is not None:
+        vals = [_fmt(noisy.get(m), d) for m, d in metrics]
+        lines.append("| noisy input | – | – | " + " | ".join(vals) + f" | {noisy['n_files']} |")
+    for name, curve, summary in rows:
+        enh = summary["summary"]["enhanced"]
+        vals = [_fmt(enh.get(m), d) for m, d in metrics]
+        lines.append(
+            f"| `{name}` | {', '.join(f'{v:.4f}' for v in curve)} | {min(curve):.4f} | "
+            + " | ".join(vals)
+            + f" | {enh['n_files']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[tuple[str, list[float], dict]], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, curve, _ in rows:
+        ax.plot(range(1, len(curve) + 1), curve, marker="o", label=name)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("validation loss (log1p-magnitude MSE)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in args.configs:
+        run = args.out / name
+        try:
+            if not args.skip_training:
+                train(name, run, args)
+            saved = json.loads((run / "config.json").read_text())
+            pairs = args.pairs or saved["data"].get("val_pairs")
+            if not pairs:
+                raise ValueError(f"{name}: no --pairs and the run has no val_pairs to evaluate on")
+            rows.append((name, val_curve(run), evaluate(name, run, pairs, args.dnsmos)))
+        except (subprocess.CalledProcessError, FileNotFoundError, ValueError) as exc:
+            print(f"tim-compare: error: {name}: {exc}", file=sys.stderr)
+            return 1
+    text = table(rows, args.dnsmos)
+    with atomic_path(args.out / "comparison.md") as tmp:
+        Path(tmp).write_text(text)
+    drawn = plot(rows, args.out / "comparison.png")
+    print(text)
+    print(f"wrote {args.out}/comparison.md" + (" and comparison.png" if drawn else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

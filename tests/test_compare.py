@@ -1,0 +1,63 @@
+"""recipes.compare end to end on generated folders with tiny models: runs, evaluation, table, curves, re-run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from recipes.compare import main as compare_main
+from tests.audio_trees import build_folders
+
+
+def test_compare_trains_evaluates_and_tabulates_each_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree = build_folders(tmp_path / "data")
+    data = {
+        "data": {
+            "recipe": "folders",
+            "speech": [str(tree.speech)],
+            "noise": [str(tree.noise)],
+            "val_pairs": str(tree.dev),
+            "mixing": {"segment_seconds": 1.0},
+        },
+        "train": {"batch_size": 2},
+    }
+    (tmp_path / "data.json").write_text(json.dumps(data))
+    args = ["--out", str(tmp_path / "cmp"), "--config", str(tmp_path / "data.json"), "--configs", "tiny"]
+    args += ["tiny-transformer", "--epochs", "2", "--steps-per-epoch", "2", "--threads", "1"]
+    assert compare_main(args) == 0
+    table = (tmp_path / "cmp" / "comparison.md").read_text().splitlines()
+    assert table[0].startswith(
+        "| system | val loss by epoch | best val loss | pesq | stoi | si_sdr | files |"
+    )
+    assert table[2].startswith("| noisy input |") and f"| {tree.n_dev} |" in table[2]
+    rows = {line.split("|")[1].strip(): line for line in table[3:]}
+    assert set(rows) == {"`tiny`", "`tiny-transformer`"}
+    for name in ("tiny", "tiny-transformer"):
+        cells = [c.strip() for c in rows[f"`{name}`"].split("|")[1:-1]]
+        curve = [float(v) for v in cells[1].split(",")]
+        assert len(curve) == 2 and float(cells[2]) == min(curve)
+        assert all(c not in ("nan", "–") for c in cells[3:6])  # PESQ, STOI, SI-SDR finite
+        assert (tmp_path / "cmp" / name / "eval" / "summary.json").is_file()
+    assert (tmp_path / "cmp" / "comparison.png").stat().st_size > 1000
+    # running again keeps the finished runs (nothing retrained) and gives the same table
+    before = (tmp_path / "cmp" / "tiny" / "last.safetensors").stat().st_mtime_ns
+    capsys.readouterr()
+    assert compare_main(args) == 0
+    assert "2 epochs already done" in capsys.readouterr().out
+    assert (tmp_path / "cmp" / "tiny" / "last.safetensors").stat().st_mtime_ns == before
+    assert (tmp_path / "cmp" / "comparison.md").read_text().splitlines() == table
+
+
+def test_compare_reports_a_failed_run_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere.json"
+    code = compare_main(
+        ["--out", str(tmp_path / "cmp"), "--config", str(missing), "--configs", "tiny", "--epochs", "1"]
+    )
+    assert code == 1
+    assert "tim-compare: error: tiny" in capsys.readouterr().err
