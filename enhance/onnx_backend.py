@@ -11,19 +11,20 @@ to float32 rounding (tested). Needs ``onnx`` (export) and ``onnxruntime`` (run):
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from enhance.audio_io import atomic_path
-from models.enhancer import Enhancer, EnhancerOutput
+from enhance.fixed_step import FixedStepper
+from models.enhancer import Enhancer
 from models.static_step import StaticStep
 
 
 def export_step(model: Enhancer, path: str | os.PathLike[str], opset: int = 17) -> Path:
-    """Write the one-frame step of ``model`` (float32, any batch = channel count) to ``path``, atomically.
+    """Write the one-frame step of ``model`` (float32, one channel: fixed shapes let onnxruntime fold every shape
+    computation) to ``path``, atomically.
 
     The model's train/eval mode is left as it was (the exporter restores the wrapper's mode, recursively, and a
     new module is in training mode: without the explicit eval() below, dropout would be switched on).
@@ -35,12 +36,13 @@ def export_step(model: Enhancer, path: str | os.PathLike[str], opset: int = 17) 
     inputs = [torch.zeros(1, 1, n_bins)] + [
         torch.zeros(s, dtype=torch.bool) if name == "valid" else torch.zeros(s) for name, s in shapes
     ]
-    n_maps = len([b for b in model.competition_blocks])
+    n_maps = len(model.competition_blocks)
     input_names = ["feat"] + [name for name, _ in shapes]
     output_names = (
-        ["log_mag"] + [f"competition_{i}" for i in range(n_maps)] + [f"new_{name}" for name, _ in shapes]
+        ["log_mag"]
+        + [f"competition_{i}" for i in range(n_maps)]
+        + [f"new_{name}" for name, _ in shapes if name != "valid"]
     )
-    dynamic = {name: {0: "batch"} for name in input_names + output_names if not name.endswith("valid")}
     with atomic_path(path) as tmp, torch.no_grad():
         torch.onnx.export(
             step,
@@ -48,7 +50,6 @@ def export_step(model: Enhancer, path: str | os.PathLike[str], opset: int = 17) 
             tmp,
             input_names=input_names,
             output_names=output_names,
-            dynamic_axes=dynamic,
             opset_version=opset,
             dynamo=False,
         )
@@ -56,72 +57,20 @@ def export_step(model: Enhancer, path: str | os.PathLike[str], opset: int = 17) 
     return Path(path)
 
 
-@dataclass
-class OnnxState:
-    tensors: dict[str, np.ndarray] = field(default_factory=dict)
-    started: bool = False
-    frames_in: int = 0
-    frames_out: int = 0
-
-
-class OnnxStepper:
-    """Runs an exported step with onnxruntime (CPU, ``threads`` intra-op threads)."""
+class OnnxStepper(FixedStepper):
+    """Runs an exported step with onnxruntime (CPU, ``threads`` intra-op threads), one channel at a time."""
 
     def __init__(self, path: str | os.PathLike[str], model: Enhancer, threads: int = 1) -> None:
         import onnxruntime as ort
 
+        super().__init__(model)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        self.static = StaticStep(model)
-        self.n_bins = model.cfg.pre_encoder.n_bins
-        self.n_maps = len(model.competition_blocks)
 
-    def new_state(self, batch: int) -> OnnxState:
-        tensors = {
-            name: np.zeros(shape, dtype=bool if name == "valid" else np.float32)
-            for name, shape in self.static.state_shapes(batch)
-        }
-        return OnnxState(tensors)
-
-    def step(
-        self,
-        feats: torch.Tensor,
-        state: OnnxState | None,
-        final: bool = False,
-        return_competition: bool = False,
-    ) -> tuple[EnhancerOutput, OnnxState]:
-        x = feats.detach().float().cpu().numpy()
-        state = state or self.new_state(x.shape[0])
-        frames = [x[:, i : i + 1] for i in range(x.shape[1])]
-        if final and (state.started or frames):
-            frames.append(np.zeros((x.shape[0], 1, self.n_bins), np.float32))  # the end's zero padding
-        outs: list[np.ndarray] = []
-        maps: list[list[np.ndarray]] = [[] for _ in range(self.n_maps)]
-        names = list(state.tensors)
-        for frame in frames:
-            state.frames_in += 1
-            if not state.started:  # frame 0: nothing to output before its lookahead frame arrives
-                conv0 = state.tensors["conv_0"]
-                state.tensors["conv_0"] = np.concatenate([conv0[:, :, 1:], frame.transpose(0, 2, 1)], axis=2)
-                state.started = True
-                continue
-            result = self.session.run(None, {"feat": frame, **state.tensors})
-            outs.append(result[0])
-            for store, c in zip(maps, result[1 : 1 + self.n_maps], strict=True):
-                store.append(c)
-            state.tensors = dict(zip(names, result[1 + self.n_maps :], strict=True))
-        if final:
-            state.frames_in -= 1  # the padding frame is not input
-        log_mag = np.concatenate(outs, axis=1) if outs else np.zeros((x.shape[0], 0, self.n_bins), np.float32)
-        state.frames_out += log_mag.shape[1]
-        competition = (
-            [torch.from_numpy(np.concatenate(m, axis=1)) for m in maps]
-            if return_competition and outs
-            else None
-        )
-        return EnhancerOutput(torch.from_numpy(log_mag), competition), state
+    def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return list(self.session.run(None, feed))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -141,13 +141,19 @@ class KVCache:
 
 
 class StaticKV(NamedTuple):
-    """Fixed-shape cache for exported one-frame steps: exactly ``context_frames`` frames ``[B, H, C, Dh]``, oldest
-    first, and ``valid`` [C] (False for the slots not filled yet at the start of a stream)."""
+    """Fixed-shape ring-buffer cache for exported one-frame steps.
+
+    ``k``/``v`` [B, H, C, Dh] hold the keys/values of the last ``context_frames`` (C) frames in any slot order
+    (attention does not depend on the order of its keys), ``valid`` [C] says which slots are filled, and ``u``
+    [B, G, C, d/G] (MAE layers) the gate inputs of the same frames. The step only reads them: it returns the
+    current frame's k, v (and u) [.., 1, ..] and the host writes those into the oldest slot, so no step copies
+    the cache (:mod:`enhance.onnx_backend`).
+    """
 
     k: torch.Tensor
     v: torch.Tensor
     valid: torch.Tensor
-    u: torch.Tensor | None = None  # MAE layers: the gate's input of the same frames [B, G, C, d/G]
+    u: torch.Tensor | None = None
 
 
 class MultiHeadAttention(nn.Module):
@@ -182,21 +188,22 @@ class MultiHeadAttention(nn.Module):
             p = self.cfg.attn_dropout if self.training else 0.0
             y = banded_attention(q, k, v, ctx, p)  # [B, H, T, Dh]
             mean = None if u is None else windowed_mean(u, t, ctx)
-        elif isinstance(cache, StaticKV):  # one frame against exactly ctx cached slots (ONNX export)
-            keys, values = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
-            valid = torch.cat([cache.valid, torch.ones_like(cache.valid[:1])])
-            # written out (not SDPA): exporters have mishandled SDPA's boolean masks
-            scores = torch.matmul(q, keys.transpose(-1, -2)) * (self.cfg.head_dim**-0.5)
-            scores = scores.masked_fill(~valid, float("-inf"))
-            y = torch.matmul(torch.softmax(scores, dim=-1), values)
-            mean, new_u = None, None
+        elif isinstance(cache, StaticKV):  # one frame against the C ring slots (ONNX export)
+            # written out (not SDPA): exporters have mishandled SDPA's boolean masks. The current frame's score is
+            # computed apart from the cached ones' so the cache is read in place, never concatenated.
+            scale = self.cfg.head_dim**-0.5
+            cached = torch.matmul(q, cache.k.transpose(-1, -2)) * scale  # [B, H, 1, C]
+            cached = cached.masked_fill(~cache.valid, float("-inf"))
+            current = (q * k).sum(dim=-1, keepdim=True) * scale  # [B, H, 1, 1]
+            probs = torch.softmax(torch.cat([cached, current], dim=-1), dim=-1)
+            n_slots = cached.shape[-1]
+            y = torch.matmul(probs[..., :n_slots], cache.v) + probs[..., n_slots:] * v
+            mean = None
             if u is not None:
                 assert cache.u is not None, "an MAE layer's static cache needs the gate inputs u"
-                frames = torch.cat([cache.u, u], dim=2)
-                weight = valid.to(u.dtype).view(1, 1, -1, 1)
-                mean = (frames * weight).sum(dim=2, keepdim=True) / weight.sum()
-                new_u = frames[:, :, 1:]
-            cache = StaticKV(keys[:, :, 1:], values[:, :, 1:], valid[1:], new_u)
+                weight = cache.valid.to(u.dtype).view(1, 1, -1, 1)
+                mean = ((cache.u * weight).sum(dim=2, keepdim=True) + u) / (weight.sum() + 1.0)
+            cache = StaticKV(k, v, cache.valid, u)  # this frame's entries, for the host to store
         else:
             past = cache.end - cache.start
             # later queries see lags <= ctx: the last ctx frames

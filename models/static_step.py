@@ -1,11 +1,14 @@
 """The incremental step in fixed-shape form, for export (ONNX): one feature frame in, one output frame out.
 
-State tensors, all of fixed shape (B = channels):
+State tensors, all of fixed shape (B = 1: the host runs each channel on its own):
 
     conv_i   [B, C_in_i, kernel_size - 1]   last inputs of pre-encoder conv i (conv 0: the last two feature frames)
-    valid    [context_frames] bool          which key/value slots are filled (False at the start of a stream)
-    k_j, v_j [B, H, context_frames, Dh]     keys/values of block j's attention, oldest first
+    valid    [context_frames] bool          which ring slots are filled (False at the start of a stream)
+    k_j, v_j [B, H, context_frames, Dh]     keys/values of block j's attention: a ring buffer, any slot order
     u_j      [B, G, context_frames, d/G]    MAE blocks only: the gate's input of the same frames
+
+Outputs: the log magnitude, the competition maps, the new conv caches, and this frame's ``k_j``/``v_j`` (``u_j``)
+``[B, H, 1, Dh]``, which the host writes into the ring's oldest slot (the step only reads the ring: no copies).
 
 Frame t in gives output frame t - 1 (the lookahead). The host (``enhance.onnx_backend``) does what does not fit
 fixed shapes: it only stores frame 0 (nothing to output yet), and at the end feeds one zero feature frame, which
@@ -49,7 +52,8 @@ class StaticStep(nn.Module):
         return shapes
 
     def forward(self, feat: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """feat [B, 1, F] and the state -> (log_mag [B, 1, F], competition maps [B, 1, n_s]..., new state...)."""
+        """feat [B, 1, F] and the state -> (log_mag [B, 1, F], competition maps [B, 1, n_s]..., new conv caches...,
+        this frame's k, v (u) per block...)."""
         convs, valid, kv = list(state[: self.n_conv]), state[self.n_conv], state[self.n_conv + 1 :]
         x = feat.transpose(1, 2)  # [B, F, 1]
         previous = convs[0][:, :, -1:].transpose(1, 2)  # feature frame t - 1: the residual's input
@@ -60,7 +64,7 @@ class StaticStep(nn.Module):
             new_convs.append(full[:, :, 1:])
             x = block.unpadded(full, exportable=True)
         h = x.transpose(1, 2)  # [B, 1, d]
-        maps, new_kv, new_valid = [], [], valid
+        maps, new_kv = [], []
         caches = iter(kv)
         for layer in self.model.layers:
             assert isinstance(layer, StandardLayer | TIMLayer)
@@ -69,8 +73,7 @@ class StaticStep(nn.Module):
             h, c, cache = layer(h, StaticKV(k, v, valid, u))
             assert isinstance(cache, StaticKV)
             new_kv += [cache.k, cache.v] if cache.u is None else [cache.k, cache.v, cache.u]
-            new_valid = cache.valid
             if c is not None:
                 maps.append(c)
         log_mag = self.model.output_stage(previous, h)
-        return (log_mag, *maps, *new_convs, new_valid, *new_kv)
+        return (log_mag, *maps, *new_convs, *new_kv)

@@ -186,3 +186,20 @@ def test_onnx_backend_equals_pytorch(tmp_path, name: str) -> None:
         assert np.abs(y - enhance_waveform(model, x[:, :n]).wav).max() < 1e-5
     if ref.competition:
         assert np.abs(engine.competition()[0] - ref.competition[0]).max() < 1e-5
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-transformer", "tiny+mae"])
+def test_torchscript_backend_equals_pytorch(name: str) -> None:
+    from enhance.fixed_step import TracedStepper
+
+    torch.manual_seed(0)
+    model = Enhancer(dataclasses.replace(get_config(name), max_attenuation_db=12.0)).eval()
+    backend = TracedStepper(model)
+    assert not model.training
+    x = (np.random.default_rng(7).standard_normal((2, 3100)) * 0.1).astype(np.float32)
+    ref = enhance_waveform(model, x, return_competition=True)
+    engine = StreamingEnhancer(model, 2, with_competition=True, backend=backend)
+    y, _ = _stream(engine, x, _sizes(401, np.random.default_rng(1)))
+    assert np.abs(y - ref.wav).max() < 1e-5
+    if ref.competition:
+        assert np.abs(engine.competition()[0] - ref.competition[0]).max() < 1e-5
