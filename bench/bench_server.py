@@ -2,13 +2,15 @@
 
     python bench/bench_server.py [--model default | --checkpoint PATH | --url URL]
                                  [--clients 16] [--seconds 60] [--audio-seconds 4]
-                                 [--streams 4] [--stream-seconds 30] [--max-concurrency 2] [--threads 0]
+                                 [--streams 4] [--stream-seconds 30] [--max-concurrency 2] [--max-queue 16]
+                                 [--queue-timeout 10] [--threads 0] [--note TEXT]
 
 1. HTTP: ``--clients`` concurrent clients post a ``--audio-seconds`` WAV (speech-like sound plus noise, 16 kHz
    mono, PCM_16) to ``POST /v1/enhance`` in a loop for ``--seconds``. A client that gets 503 waits the
    Retry-After the server asks for, as a well-behaved client would. Reported: completed requests per second,
-   audio seconds enhanced per second, p50/p99 latency of the successful requests, responses by status, and the
-   server's resident memory (VmRSS) before and after, plus its peak (VmHWM).
+   audio seconds enhanced per second, p50/p99 latency of the successful requests (queueing included),
+   responses by status, and the server's resident memory (VmRSS) before, at half time and after, plus its peak
+   (VmHWM): growth from half time to the end, once every buffer has been used, would be a leak.
 2. WebSocket: ``--streams`` concurrent streams each send 20-ms frames of s16le PCM at 1x real-time pace for
    ``--stream-seconds``. For every enhanced frame received, the lag is its arrival time minus the time the input
    sample it ends with was sent; a stream *kept up* when its p99 lag stayed under ``--max-lag-ms`` (default:
@@ -27,6 +29,7 @@ import io
 import json
 import os
 import platform
+import shlex
 import socket
 import subprocess
 import sys
@@ -97,6 +100,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str
     else:
         cmd += ["--model", args.model]
     cmd += ["--max-concurrency", str(args.max_concurrency), "--threads", str(args.threads)]
+    cmd += ["--max-queue", str(args.max_queue), "--queue-timeout", str(args.queue_timeout)]
     cmd += ["--max-streams", str(max(args.streams, 1)), "--max-duration", str(max(600.0, args.audio_seconds))]
     env = {**os.environ, "ENHANCE_API_KEY": ""}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
@@ -126,9 +130,12 @@ class HttpResult:
     statuses: Counter[str] = field(default_factory=Counter)
     audio_seconds: float = 0.0
     wall: float = 0.0
+    rss_half: int | None = None  # the server's VmRSS at half time
 
 
-async def http_load(url: str, body: bytes, audio_s: float, clients: int, seconds: float) -> HttpResult:
+async def http_load(
+    url: str, body: bytes, audio_s: float, clients: int, seconds: float, pid: int | None = None
+) -> HttpResult:
     result = HttpResult()
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
@@ -152,8 +159,12 @@ async def http_load(url: str, body: bytes, audio_s: float, clients: int, seconds
                     wait = float(resp.headers.get("Retry-After", "1"))
                     await asyncio.sleep(min(wait, max(0.0, t_end - time.perf_counter())))
 
+        async def half_time_memory() -> None:
+            await asyncio.sleep(seconds / 2)
+            result.rss_half = memory(pid).get("VmRSS")
+
         t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(clients)))
+        await asyncio.gather(half_time_memory(), *(worker() for _ in range(clients)))
         result.wall = time.perf_counter() - t0
     return result
 
@@ -230,14 +241,18 @@ def report(args: argparse.Namespace, http: HttpResult | None, streams: list[Stre
     lines = [
         "# Server load test (loopback)",
         "",
-        f"`python bench/bench_server.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
+        f"`{shlex.join(['python', 'bench/bench_server.py', *sys.argv[1:]])}`",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}; "
-        f"model: {args.checkpoint or args.model}; server max concurrency {args.max_concurrency}, "
-        f"torch threads {args.threads or 'default'}. Clients and server share the machine; load average "
-        f"before the run: {args.load_before:.2f} (anything else running competes for the same cores).",
+        f"model: {args.checkpoint or args.model}; server max concurrency {args.max_concurrency}, wait queue "
+        f"{args.max_queue} requests / {args.queue_timeout:g} s, torch threads {args.threads or 'default'}. "
+        f"Clients and server share the machine; 1-min load average before the run: {args.load_before:.2f}, "
+        f"at its end (its own load included): {args.load_after:.2f}. Anything else running competes for the "
+        "same cores.",
         "",
     ]
+    if args.note:
+        lines += [f"Note: {args.note}", ""]
     if http is not None:
         ok = len(http.latencies)
         statuses = ", ".join(f"{k}: {v}" for k, v in sorted(http.statuses.items())) or "none"
@@ -245,11 +260,11 @@ def report(args: argparse.Namespace, http: HttpResult | None, streams: list[Stre
             f"## HTTP: {args.clients} clients x {args.seconds:g} s, POST /v1/enhance with {args.audio_seconds:g} s WAV",
             "",
             "| completed req/s | audio s enhanced / s | p50 latency (s) | p99 latency (s) | responses by status |"
-            " RSS before (MiB) | RSS after (MiB) | peak RSS (MiB) |",
-            "|---|---|---|---|---|---|---|---|",
+            " RSS before (MiB) | RSS at half time (MiB) | RSS after (MiB) | peak RSS (MiB) |",
+            "|---|---|---|---|---|---|---|---|---|",
             f"| {ok / http.wall:.2f} | {http.audio_seconds / http.wall:.2f} | {percentile(http.latencies, 50):.3f} "
             f"| {percentile(http.latencies, 99):.3f} | {statuses} | {_mib(mem.get('before'))} "
-            f"| {_mib(mem.get('after'))} | {_mib(mem.get('peak'))} |",
+            f"| {_mib(http.rss_half)} | {_mib(mem.get('after'))} | {_mib(mem.get('peak'))} |",
             "",
         ]
     if streams:
@@ -290,10 +305,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stream-seconds", type=float, default=30.0)
     p.add_argument("--max-lag-ms", type=float, default=None, help="kept-up threshold (default latency + 200)")
     p.add_argument("--max-concurrency", type=int, default=2, help="passed to the server it starts")
+    p.add_argument("--max-queue", type=int, default=16, help="passed to the server it starts")
+    p.add_argument("--queue-timeout", type=float, default=10.0, help="passed to the server it starts (s)")
     p.add_argument(
         "--threads", type=int, default=0, help="torch threads of the server it starts (0: default)"
     )
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "server.md")
+    p.add_argument(
+        "--note", default="", help="a line added to the report (e.g. what else ran on the machine)"
+    )
     args = p.parse_args(argv)
     args.load_before = os.getloadavg()[0]
 
@@ -307,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             with httpx.Client(base_url=url, timeout=600) as c:  # warm-up
                 c.post("/v1/enhance", content=body, headers={"Content-Type": "audio/wav"})
             mem["before"] = memory(pid).get("VmRSS")
-            http = asyncio.run(http_load(url, body, args.audio_seconds, args.clients, args.seconds))
+            http = asyncio.run(http_load(url, body, args.audio_seconds, args.clients, args.seconds, pid))
             mem["after"] = memory(pid).get("VmRSS")
         streams: list[StreamResult] = []
         if args.streams > 0 and args.stream_seconds > 0:
@@ -318,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
+    args.load_after = os.getloadavg()[0]
     text = report(args, http, streams, mem)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -21,11 +21,12 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from models import CheckpointError
 from server.config import ServerConfig
 from server.errors import install_handlers
 from server.jobs import JobRunner
 from server.metrics import Metrics
-from server.registry import Loader, ModelStore, load_models
+from server.registry import Loader, ModelStore, load_models, public_load_error
 from server.routes import router, v1
 from server.stream import stream_endpoint
 
@@ -95,9 +96,9 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
                 store.set_loaded(models)
                 app.state.metrics.model_ready.set(1)
                 log.info("loaded model(s): %s", ", ".join(models))
-            except Exception as exc:
-                log.error("loading the model failed: %s", exc)
-                store.set_failed(str(exc) or type(exc).__name__)
+            except Exception as exc:  # the full error in the log; clients see it without server paths
+                log.error("loading the model failed: %s", exc, exc_info=not isinstance(exc, CheckpointError))
+                store.set_failed(public_load_error(exc, config))
 
         task: asyncio.Task[None] | None = None
         if config.load_in_background:
@@ -125,7 +126,12 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
     app.state.metrics = metrics
     app.state.store = ModelStore()
     app.state.jobs = JobRunner(
-        config.max_concurrency, config.request_timeout_s, config.retry_after_s, metrics
+        config.max_concurrency,
+        config.request_timeout_s,
+        config.retry_after_s,
+        metrics,
+        max_queue=config.max_queue,
+        queue_timeout_s=config.queue_timeout_s,
     )
     app.state.streams_open = 0
     install_handlers(app)

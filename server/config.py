@@ -23,7 +23,11 @@ class ServerConfig:
     max_upload_bytes: int = 50 * MB
     max_duration_s: float = 600.0  # per uploaded file
     max_channels: int = 8
-    max_concurrency: int = 2  # enhancements running at once; more get 503 + Retry-After, never a queue
+    max_concurrency: int = 2  # enhancements running at once; more wait in a short queue (below)
+    # requests waiting for a slot, first come first served; beyond this many, or after queue_timeout_s of
+    # waiting, 503 + Retry-After. Each waiting request holds its upload (up to max_upload_bytes) in memory.
+    max_queue: int = 16
+    queue_timeout_s: float = 10.0
     request_timeout_s: float = 120.0  # per enhancement; 504 after that
     upload_timeout_s: float = 60.0  # to receive an upload; 408 after that
     retry_after_s: int = 2
@@ -44,6 +48,8 @@ class ServerConfig:
             raise ValueError("max_concurrency and max_channels must be >= 1, max_streams >= 0")
         if min(self.request_timeout_s, self.upload_timeout_s, self.stream_idle_timeout_s) <= 0:
             raise ValueError("timeouts must be positive")
+        if self.max_queue < 0 or self.queue_timeout_s < 0:
+            raise ValueError("max_queue and queue_timeout_s must be >= 0 (0: refuse at once when busy)")
         if self.threads < 0:
             raise ValueError("threads must be >= 0")
         if self.api_key is not None and not self.api_key:

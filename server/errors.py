@@ -2,11 +2,14 @@
 
 Routes raise :class:`ApiError`; the handlers installed by :func:`install_handlers` also turn FastAPI's
 validation errors, Starlette's 404/405 and unexpected exceptions (500, no traceback) into the same shape.
+Messages built from exceptions go through :func:`without_paths`: clients never see the server's directories.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -31,6 +34,23 @@ _STATUS_CODES = {
     503: "unavailable",
     504: "timeout",
 }
+
+
+# an absolute path (/..., ~/..., C:\..., \\server\...) up to the next blank, quote or bracket
+_ABS_PATH = re.compile(r"(?<![\w.~])(?:~|[A-Za-z]:)?[/\\][^\s'\"`,;()<>\[\]{}|]*")
+
+
+def _last_part(path: str) -> str:
+    parts = [p for p in re.split(r"[/\\]", path) if p]
+    return parts[-1] if parts else path
+
+
+def without_paths(text: str, known: Iterable[str] = ()) -> str:
+    """``text`` fit for a client: each of the ``known`` paths (which may be relative or hold blanks), then every
+    absolute path, cut to its last part (a file's name)."""
+    for path in sorted({k for k in known if k}, key=len, reverse=True):
+        text = text.replace(path, _last_part(path))
+    return _ABS_PATH.sub(lambda m: _last_part(m.group(0)), text)
 
 
 class ApiError(Exception):

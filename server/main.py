@@ -48,7 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-upload-mb", type=float, default=50.0, help="largest accepted upload (MiB)")
     p.add_argument("--max-duration", type=float, default=600.0, help="longest accepted file (s)")
     p.add_argument("--max-channels", type=int, default=8)
-    p.add_argument("--max-concurrency", type=int, default=2, help="enhancements at once (more get 503)")
+    p.add_argument("--max-concurrency", type=int, default=2, help="enhancements at once (more wait)")
+    p.add_argument(
+        "--max-queue", type=int, default=16, help="requests waiting for a slot (more get 503; 0: no queue)"
+    )
+    p.add_argument("--queue-timeout", type=float, default=10.0, help="longest wait for a slot (s), then 503")
     p.add_argument("--timeout", type=float, default=120.0, help="per-request processing limit (s), then 504")
     p.add_argument(
         "--upload-timeout", type=float, default=60.0, help="time to receive an upload (s), then 408"
@@ -91,6 +95,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_duration_s=args.max_duration,
         max_channels=args.max_channels,
         max_concurrency=args.max_concurrency,
+        max_queue=args.max_queue,
+        queue_timeout_s=args.queue_timeout,
         request_timeout_s=args.timeout,
         upload_timeout_s=args.upload_timeout,
         max_streams=args.max_streams,

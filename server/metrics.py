@@ -161,6 +161,7 @@ class Metrics:
         )
         self.in_flight = Gauge("tim_http_requests_in_flight", "HTTP requests being served")
         self.enhancing = Gauge("tim_enhancements_running", "enhancement jobs holding a concurrency slot")
+        self.waiting = Gauge("tim_enhancements_waiting", "requests queued for an enhancement slot")
         self.audio_seconds = Counter(
             "tim_audio_seconds_processed_total", "seconds of input audio enhanced, by route", ("route",)
         )
@@ -177,6 +178,7 @@ class Metrics:
             self.latency,
             self.in_flight,
             self.enhancing,
+            self.waiting,
             self.audio_seconds,
             self.rejections,
             self.streams,
@@ -185,6 +187,7 @@ class Metrics:
         ]
         self.in_flight.set(0)
         self.enhancing.set(0)
+        self.waiting.set(0)
         self.streams.set(0)
         self.model_ready.set(0)
 

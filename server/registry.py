@@ -14,7 +14,7 @@ from models import Checkpoint, CheckpointError, count_parameters, load_checkpoin
 from models.checkpoint import read_metadata
 from models.pretrained import load_pretrained, pretrained_path
 from server.config import ServerConfig
-from server.errors import ApiError
+from server.errors import ApiError, without_paths
 
 
 @dataclass
@@ -84,6 +84,18 @@ def load_models(config: ServerConfig) -> dict[str, LoadedModel]:
     return loaded
 
 
+def public_load_error(exc: BaseException, config: ServerConfig) -> str:
+    """A loading error as clients see it (``/readyz``, the 503s): the exception's type and the first line of its
+    message, with the configured checkpoint paths and any other absolute path cut to the file's name."""
+    known: list[str] = []
+    for spec in config.checkpoints:
+        path = _split_alias(spec)[1]
+        known += [path, str(Path(path)), str(Path(path).expanduser().absolute()), str(Path(path).resolve())]
+    lines = str(exc).strip().splitlines()
+    text = without_paths(lines[0], known) if lines else "no details"
+    return f"{type(exc).__name__}: {text}"[:500]
+
+
 Loader = Callable[[ServerConfig], dict[str, LoadedModel]]
 
 
@@ -92,7 +104,7 @@ class ModelStore:
     """Loading status and the loaded models; ``get`` is what routes use."""
 
     status: str = "loading"  # loading | ready | failed
-    error: str | None = None
+    error: str | None = None  # shown to clients: free of server paths (see public_load_error)
     models: dict[str, LoadedModel] = field(default_factory=dict)
     loaded_event: threading.Event = field(default_factory=threading.Event)
 

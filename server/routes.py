@@ -63,7 +63,7 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         413: "upload or audio duration over the limit",
         415: "Content-Type is not multipart/form-data, audio/* or application/octet-stream",
         422: "unreadable audio (corrupt, zero-length, all-zero, NaN/inf samples) or bad parameters",
-        503: "model loading or all enhancement slots busy (see Retry-After)",
+        503: "model loading, or all enhancement slots busy and the wait queue full or too slow (see Retry-After)",
         504: "processing took longer than the request timeout",
     }
     return {c: {"model": ErrorResponse, "description": texts[c]} for c in codes}
@@ -86,10 +86,10 @@ def _limits(request: Request) -> Limits:
 
 
 def _precheck(request: Request, model: str | None) -> LoadedModel:
-    """Cheap refusals before the body is read: unknown model, loading, no free slot."""
+    """Cheap refusals before the body is read: unknown model, loading, no free slot and the queue full."""
     state = request.app.state
     lm: LoadedModel = state.store.get(model, state.config.retry_after_s)
-    if state.jobs.running >= state.jobs.max_concurrency:
+    if state.jobs.full:
         raise state.jobs.busy_error()
     return lm
 

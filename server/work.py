@@ -22,7 +22,7 @@ from enhance.audio_io import AudioError, AudioInfo, load_audio, read_info
 from enhance.competition_map import entropy, frame_times, save_competition_map
 from enhance.files import FileResult, enhance_bytes
 from server.audio import OUTPUT_FORMATS, rms_dbfs
-from server.errors import ApiError
+from server.errors import ApiError, without_paths
 from server.jobs import Job
 from server.registry import LoadedModel
 
@@ -39,7 +39,7 @@ class Limits:
 def _reason(exc: BaseException, name: str) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     text = re.sub(r"<[^<>]* object at 0x[0-9a-fA-F]+>", "the upload", text)  # no reprs of our objects
-    return text.replace("<stream>", name)[:300]
+    return without_paths(text.replace("<stream>", name))[:300]  # e.g. a temporary file's path
 
 
 def inspect_upload(data: bytes, name: str, limits: Limits) -> AudioInfo:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -12,7 +13,8 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,11 @@ from enhance.offline import enhance_audio
 from models import Enhancer, load_checkpoint
 from server.app import create_app
 from server.config import ServerConfig
-from server.registry import LoadedModel, load_models
+from server.errors import without_paths
+from server.jobs import JobRunner
+from server.main import build_parser, config_from_args
+from server.metrics import Metrics
+from server.registry import LoadedModel, Loader, load_models
 from tests.conftest import ROOT
 from tests.server_fixtures import RunningServer, noisy, run_server, tiny_checkpoint, wav_bytes
 
@@ -56,6 +62,7 @@ def server(checkpoint: Path):
         max_upload_bytes=1 * MB,
         max_duration_s=12.0,
         max_concurrency=2,
+        queue_timeout_s=60.0,
         max_streams=4,
     )
     with run_server(config) as running:
@@ -449,31 +456,155 @@ def test_concurrent_requests(server: RunningServer, model: Enhancer) -> None:
 
     with ThreadPoolExecutor(8) as pool:
         responses = list(pool.map(post, range(8)))
-    statuses = [r.status_code for r in responses]
-    assert set(statuses) <= {200, 503}, statuses
-    assert 200 in statuses
+    # 8 requests, 2 slots: the other 6 wait in the queue (16 places) instead of getting 503
+    assert [r.status_code for r in responses] == [200] * 8
     for r in responses:
-        if r.status_code == 503:
-            _error(r, 503, "busy")
-            assert int(r.headers["Retry-After"]) >= 1
-        else:
-            assert np.abs(_decoded(r.content) - ref).max() <= 2 * S16
-    assert server.app.state.jobs.running == 0
+        assert np.abs(_decoded(r.content) - ref).max() <= 2 * S16
+    _until(lambda: server.app.state.jobs.running == 0)
+    assert server.app.state.jobs.waiting == 0
 
 
-def test_full_slots_give_503_with_retry_after(server: RunningServer, client: httpx.Client) -> None:
-    jobs = server.app.state.jobs
-    held = [jobs.try_acquire() for _ in range(jobs.max_concurrency)]
-    try:
-        assert all(held)
-        resp = client.post("/v1/enhance", content=wav_bytes(noisy(0.5), 16000), headers={"Content-Type": WAV})
-        _error(resp, 503, "busy")
-        assert resp.headers["Retry-After"] == "2"
-    finally:
-        for _ in held:
-            jobs.release()
-    resp = client.post("/v1/enhance", content=wav_bytes(noisy(0.5), 16000), headers={"Content-Type": WAV})
-    assert resp.status_code == 200
+def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def _gated_loader(gate: threading.Event) -> Loader:
+    """Loads the models for real, but every model step first waits for ``gate``: a request holds its slot for as
+    long as the test wants (no guessing how long an enhancement takes)."""
+
+    def load(config: ServerConfig) -> dict[str, LoadedModel]:
+        models = load_models(config)
+        for lm in models.values():
+            model, step = lm.checkpoint.model, lm.checkpoint.model.step
+
+            def gated_step(*args: Any, _step: Any = step, **kwargs: Any) -> Any:
+                if not gate.wait(60):
+                    raise RuntimeError("the test never opened the gate")
+                return _step(*args, **kwargs)
+
+            model.step = gated_step  # type: ignore[method-assign]
+        return models
+
+    return load
+
+
+def _post(srv: RunningServer, route: str = "/v1/enhance") -> httpx.Response:
+    with srv.client() as c:
+        return c.post(route, content=wav_bytes(noisy(0.5), 16000), headers={"Content-Type": WAV})
+
+
+def _busy_503(resp: httpx.Response, code: str) -> None:
+    _error(resp, 503, code)
+    assert resp.headers["Retry-After"] == "2"
+
+
+def test_requests_beyond_the_slots_wait_in_the_queue(checkpoint: Path) -> None:
+    gate = threading.Event()
+    config = ServerConfig(
+        checkpoints=(str(checkpoint),), threads=1, max_concurrency=1, max_queue=4, queue_timeout_s=60.0
+    )
+    with (
+        run_server(config, loader=_gated_loader(gate)) as srv,
+        srv.client() as c,
+        ThreadPoolExecutor(5) as pool,
+    ):
+        jobs = srv.app.state.jobs
+        try:
+            first = pool.submit(_post, srv)
+            _until(lambda: jobs.running == 1)
+            queued = [pool.submit(_post, srv, route) for route in ["/v1/enhance", "/v1/analyze"] * 2]
+            _until(lambda: jobs.waiting == 4)
+            text = c.get("/metrics").text
+            assert _metric(text, "tim_enhancements_running") == 1
+            assert _metric(text, "tim_enhancements_waiting") == 4
+            # the slot is busy and the queue full: refused at once, before the upload is read
+            _busy_503(_post(srv), "busy")
+            _busy_503(_post(srv, "/v1/analyze"), "busy")
+            assert not first.done() and not any(f.done() for f in queued)
+        finally:
+            gate.set()
+        assert [f.result().status_code for f in [first, *queued]] == [200] * 5
+        _until(lambda: jobs.running == 0)
+        assert jobs.waiting == 0
+        assert _metric(c.get("/metrics").text, "tim_enhancements_waiting") == 0
+        assert _post(srv).status_code == 200
+
+
+@pytest.mark.parametrize("bound", ["no queue", "queue timeout"])
+def test_full_slots_give_503_with_retry_after(checkpoint: Path, bound: str) -> None:
+    gate = threading.Event()
+    queue = {"max_queue": 0} if bound == "no queue" else {"max_queue": 4, "queue_timeout_s": 0.2}
+    config = ServerConfig(checkpoints=(str(checkpoint),), threads=1, max_concurrency=1, **queue)
+    with run_server(config, loader=_gated_loader(gate)) as srv, ThreadPoolExecutor(1) as pool:
+        jobs = srv.app.state.jobs
+        first: Future[httpx.Response] | None = None
+        try:
+            first = pool.submit(_post, srv)
+            _until(lambda: jobs.running == 1)
+            for route in ("/v1/enhance", "/v1/analyze"):
+                _busy_503(_post(srv, route), "busy" if bound == "no queue" else "queue_timeout")
+            assert jobs.waiting == 0 and not first.done()  # the refused requests left no trace
+        finally:
+            gate.set()
+        assert first.result().status_code == 200
+        _until(lambda: jobs.running == 0)
+        assert _post(srv).status_code == 200  # the slot is free again
+        with srv.client() as c:
+            reason = "busy" if bound == "no queue" else "queue_timeout"
+            assert _metric(c.get("/metrics").text, "tim_rejections_total", reason=reason) == 2
+
+
+def test_job_runner_releases_slots_when_requests_give_up() -> None:
+    """Cancellation (the request task cancelled) while waiting or while running never loses or leaks a slot."""
+
+    async def until(condition: Callable[[], bool]) -> None:
+        for _ in range(3000):
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("condition not reached in time")
+
+    async def scenario() -> None:
+        runner = JobRunner(1, 30.0, 2, Metrics(), max_queue=2, queue_timeout_s=30.0)
+        gate = threading.Event()
+        try:
+            first = asyncio.ensure_future(runner.run(lambda job: gate.wait(30)))
+            await until(lambda: runner.running == 1)
+            waiter = asyncio.ensure_future(runner.run(lambda job: "never"))
+            await until(lambda: runner.waiting == 1)
+            waiter.cancel()  # gives up while queued: leaves the queue, takes no slot
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+            assert runner.waiting == 0 and runner.running == 1
+            first.cancel()  # gives up while running: the job keeps its slot until it really ends
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            assert runner.running == 1 and runner.full is False  # one free place in the queue
+        finally:
+            gate.set()
+        await until(lambda: runner.running == 0)
+        assert await runner.run(lambda job: "next") == "next"
+        await until(lambda: runner.running == 0)
+        runner.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_queue_settings() -> None:
+    args = build_parser().parse_args(["--max-queue", "3", "--queue-timeout", "1.5"])
+    assert (config_from_args(args).max_queue, config_from_args(args).queue_timeout_s) == (3, 1.5)
+    defaults = config_from_args(build_parser().parse_args([]))
+    assert (defaults.max_queue, defaults.queue_timeout_s) == (
+        ServerConfig.max_queue,
+        ServerConfig.queue_timeout_s,
+    )
+    with pytest.raises(ValueError):
+        ServerConfig(max_queue=-1)
+    with pytest.raises(ValueError):
+        ServerConfig(queue_timeout_s=-1.0)
 
 
 def test_timeouts_give_504_and_408(checkpoint: Path) -> None:
@@ -525,18 +656,37 @@ def test_readyz_is_503_until_the_model_is_loaded(checkpoint: Path) -> None:
         assert "tim_model_ready 1" in c.get("/metrics").text
 
 
-def test_failed_load_is_reported_by_readyz(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.safetensors"
-    bad.write_bytes(b"not a checkpoint")
-    with run_server(ServerConfig(checkpoints=(str(bad),)), wait_ready=False) as srv, srv.client() as c:
-        deadline = time.monotonic() + 30
-        while c.get("/readyz").json()["status"] == "loading" and time.monotonic() < deadline:
-            time.sleep(0.05)
+@pytest.mark.parametrize("problem", ["not a checkpoint", "missing file"])
+def test_failed_load_is_reported_by_readyz_without_server_paths(tmp_path: Path, problem: str) -> None:
+    folder = tmp_path / "my models"  # a blank in the path, too
+    folder.mkdir()
+    bad = folder / "bad.safetensors"
+    if problem == "not a checkpoint":
+        bad.write_bytes(b"not a checkpoint")
+    config = ServerConfig(checkpoints=(f"mine={bad}",))
+    with run_server(config, wait_ready=False) as srv, srv.client() as c:
+        _until(lambda: c.get("/readyz").json()["status"] != "loading")
         ready = c.get("/readyz")
         assert ready.status_code == 503 and ready.json()["status"] == "failed"
-        assert "not a safetensors checkpoint" in ready.json()["error"]
+        error = ready.json()["error"]
+        want = "not a safetensors checkpoint" if problem == "not a checkpoint" else "no such checkpoint file"
+        assert error.startswith("CheckpointError: bad.safetensors: ") and want in error, error
         resp = c.post("/v1/enhance", content=wav_bytes(noisy(0.5), 16000), headers={"Content-Type": WAV})
-        _error(resp, 503, "model_unavailable")
+        message = _error(resp, 503, "model_unavailable")["message"]
+        assert "bad.safetensors" in message
+        for text in (ready.text, resp.text):
+            assert str(tmp_path) not in text and "my models" not in text
+
+
+def test_without_paths() -> None:
+    assert without_paths("/srv/models/x.safetensors: bad") == "x.safetensors: bad"
+    assert without_paths("cannot open '/tmp/tim-analyze-1/input' (C:\\data\\in.wav)") == (
+        "cannot open 'input' (in.wav)"
+    )
+    assert without_paths("~/m/a.pt and ./rel/b.pt", ["./rel/b.pt"]) == "a.pt and b.pt"
+    assert without_paths("/srv/my models/x.pt: bad", ["/srv/my models/x.pt"]) == "x.pt: bad"
+    for text in ("s16le/f32le", "1 / 2", "expected [1, n] samples", "no such endpoint: GET /"):
+        assert without_paths(text) == text
 
 
 # ---------- API key, CORS ----------
