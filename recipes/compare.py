@@ -57,8 +57,8 @@ def train(name: str, run: Path, args: argparse.Namespace) -> None:
         print(f"[compare] {name}: {args.epochs} epochs already done", flush=True)
         return
     cmd = [sys.executable, "-m", "recipes.train", "--out", str(run)]
-    if (run / "state.pt").is_file():
-        cmd.append("--resume")
+    if (run / "state.pt").is_file():  # a killed run, or a finished one extended to more epochs
+        cmd += ["--resume", "--epochs", str(args.epochs)]
     else:
         for c in args.config:
             cmd += ["--config", c]
@@ -73,7 +73,8 @@ def train(name: str, run: Path, args: argparse.Namespace) -> None:
 
 def evaluate(name: str, run: Path, pairs: str, dnsmos: bool) -> dict:
     out = run / "eval"
-    if not (out / "summary.json").is_file():
+    summary, best = out / "summary.json", run / "best.safetensors"
+    if not summary.is_file() or summary.stat().st_mtime_ns < best.stat().st_mtime_ns:  # none, or stale
         cmd = [sys.executable, "-m", "recipes.evaluate", "--checkpoint", str(run / "best.safetensors")]
         cmd += ["--pairs", pairs, "--out", str(out)] + ([] if dnsmos else ["--no-dnsmos"])
         print(f"[compare] {name}: evaluating on {pairs}", flush=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from models.config_io import from_dict
-from recipes.trainer import RUNTIME_FIELDS, RunConfig, Trainer
+from recipes.trainer import RESUME_OVERRIDES, RunConfig, Trainer
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -47,7 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True, help="run folder")
     p.add_argument(
-        "--resume", action="store_true", help="continue the run in --out (its saved config is used)"
+        "--resume",
+        action="store_true",
+        help="continue the run in --out with its saved config; only --device, --threads, --num-workers and "
+        "--epochs (to extend a finished run) may change",
     )
     g = p.add_argument_group("overrides")
     g.add_argument("--model", help="model config name (transformer, tim-nocomp, tim, tim4, tiny, ...)")
@@ -129,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = from_dict(RunConfig, json.loads(saved.read_text()))
             # Where and how fast a run executes may change between sessions (a GPU
             # machine, fewer cores); what it computes may not.
-            runtime = {k: getattr(args, k) for k in RUNTIME_FIELDS}
+            runtime = {k: getattr(args, k) for k in RESUME_OVERRIDES}
             runtime = {k: v for k, v in runtime.items() if v is not None}
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **runtime))
         else:

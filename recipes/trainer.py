@@ -406,8 +406,11 @@ def _progress(total: int, desc: str, main: bool):  # -> tqdm | None
 # Settings that decide where and how fast a run executes, not what it computes: a
 # resumed run may change them (another machine, fewer cores).
 RUNTIME_FIELDS = ("device", "threads", "num_workers")
+# ... and "epochs", which only says where the run stops (no schedule depends on it): a finished run can be
+# extended, and equals a run started with the larger number.
+RESUME_OVERRIDES = (*RUNTIME_FIELDS, "epochs")
 
 
 def _without_runtime(config: dict[str, Any]) -> dict[str, Any]:
-    train = {k: v for k, v in config.get("train", {}).items() if k not in RUNTIME_FIELDS}
+    train = {k: v for k, v in config.get("train", {}).items() if k not in RESUME_OVERRIDES}
     return {**config, "train": train}

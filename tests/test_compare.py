@@ -50,6 +50,16 @@ def test_compare_trains_evaluates_and_tabulates_each_config(
     assert "2 epochs already done" in capsys.readouterr().out
     assert (tmp_path / "cmp" / "tiny" / "last.safetensors").stat().st_mtime_ns == before
     assert (tmp_path / "cmp" / "comparison.md").read_text().splitlines() == table
+    # more epochs extend the finished run (resumed, not restarted)
+    longer = [*args[:5], "tiny", "--epochs", "3", "--steps-per-epoch", "2", "--threads", "1"]
+    assert compare_main(longer) == 0
+    assert "--resume --epochs 3" in capsys.readouterr().out
+    curve = (tmp_path / "cmp" / "comparison.md").read_text().splitlines()[3].split("|")[2]
+    assert len(curve.split(",")) == 3
+    summary = (
+        tmp_path / "cmp" / "tiny" / "eval" / "summary.json"
+    )  # re-evaluated if the best checkpoint changed
+    assert summary.stat().st_mtime_ns >= (tmp_path / "cmp" / "tiny" / "best.safetensors").stat().st_mtime_ns
 
 
 def test_compare_reports_a_failed_run_without_a_traceback(

@@ -466,6 +466,11 @@ def test_resume_with_a_changed_config_is_refused(resume_runs: ResumeRuns) -> Non
     with in_process():
         trainer = Trainer(moved, resume_runs.a, resume=True)
     assert trainer.pos.global_step == 16 and trainer.cfg.train.threads == 2
+    # ... or one that extends the finished run to more epochs (nothing depends on the total)
+    longer = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=cfg.train.epochs + 1))
+    with in_process():
+        trainer = Trainer(longer, resume_runs.a, resume=True)
+    assert trainer.pos.epoch == 2 and trainer.cfg.train.epochs == 3
 
 
 # --------------------------------------------------------------------------------------------------- DDP
