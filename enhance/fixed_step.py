@@ -13,6 +13,7 @@ Both equal the PyTorch step to float32 rounding (tested).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,7 +24,7 @@ from models.static_step import StaticStep
 
 
 @dataclass
-class OnnxState:
+class FixedState:
     """Per channel: the step's state tensors (conv caches, the ``valid`` mask and the k/v(/u) ring buffers) and
     the ring slot the next frame is written to."""
 
@@ -39,6 +40,8 @@ class FixedStepper:
     complete out) on top of :meth:`run`, which subclasses implement (onnxruntime, TorchScript)."""
 
     def __init__(self, model: Enhancer) -> None:
+        if model.cfg.context_frames < 1:
+            raise ValueError("the fixed-shape step needs context_frames >= 1; use the PyTorch backend")
         self.static = StaticStep(model)
         self.n_bins = model.cfg.pre_encoder.n_bins
         self.n_maps = len(model.competition_blocks)
@@ -47,14 +50,14 @@ class FixedStepper:
         self.conv_names = [n for n in names if n.startswith("conv_")]
         self.ring_names = [n for n in names if n != "valid" and not n.startswith("conv_")]
 
-    def new_state(self, batch: int) -> OnnxState:
+    def new_state(self, batch: int) -> FixedState:
         def one() -> dict[str, np.ndarray]:
             return {
                 name: np.zeros(shape, dtype=bool if name == "valid" else np.float32)
                 for name, shape in self.static.state_shapes(1)
             }
 
-        return OnnxState([one() for _ in range(batch)])
+        return FixedState([one() for _ in range(batch)])
 
     def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         """One call of the exported step: inputs by name -> outputs in :class:`StaticStep`'s order."""
@@ -75,14 +78,15 @@ class FixedStepper:
     def step(
         self,
         feats: torch.Tensor,
-        state: OnnxState | None,
+        state: FixedState | None,
         final: bool = False,
         return_competition: bool = False,
-    ) -> tuple[EnhancerOutput, OnnxState]:
+    ) -> tuple[EnhancerOutput, FixedState]:
         x = feats.detach().float().cpu().numpy()
         state = state or self.new_state(x.shape[0])
         frames = [x[:, i : i + 1] for i in range(x.shape[1])]
-        if final and (state.started or frames):
+        padded = final and (state.started or bool(frames))
+        if padded:
             frames.append(np.zeros((x.shape[0], 1, self.n_bins), np.float32))  # the end's zero padding
         outs: list[np.ndarray] = []
         maps: list[list[np.ndarray]] = [[] for _ in range(self.n_maps)]
@@ -104,7 +108,7 @@ class FixedStepper:
             outs.append(np.concatenate([r[0] for r in per_channel], axis=0))
             for i, store in enumerate(maps):
                 store.append(np.concatenate([r[1 + i] for r in per_channel], axis=0))
-        if final:
+        if padded:
             state.frames_in -= 1  # the padding frame is not input
         log_mag = np.concatenate(outs, axis=1) if outs else np.zeros((x.shape[0], 0, self.n_bins), np.float32)
         state.frames_out += log_mag.shape[1]
@@ -121,8 +125,9 @@ class TracedStepper(FixedStepper):
 
     def __init__(self, model: Enhancer) -> None:
         super().__init__(model)
-        was_training = model.training
-        step = StaticStep(model.float()).eval()
+        step = StaticStep(
+            copy.deepcopy(model).float()
+        ).eval()  # float32, without converting the caller's model
         example = [torch.zeros(1, 1, self.n_bins)] + [
             torch.zeros(s, dtype=torch.bool) if name == "valid" else torch.zeros(s)
             for name, s in step.state_shapes(1)
@@ -130,7 +135,6 @@ class TracedStepper(FixedStepper):
         with torch.no_grad():
             traced = torch.jit.trace(step, tuple(example), check_trace=False)
             self.module = torch.jit.optimize_for_inference(torch.jit.freeze(traced.eval()))
-        model.train(was_training)
         self.names = ["feat"] + [name for name, _ in step.state_shapes(1)]
 
     def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:

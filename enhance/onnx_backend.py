@@ -1,7 +1,7 @@
 """The incremental step exported to ONNX and run with onnxruntime: an alternative backend of the streaming engine.
 
     path = export_step(model, "step.onnx")           # once per model
-    engine = StreamingEnhancer(model, backend=OnnxStepper(path))
+    engine = StreamingEnhancer(model, backend=OnnxStepper(path, model))
 
 :class:`OnnxStepper` has the contract of :meth:`models.enhancer.Enhancer.step` (frames in, the output frames they
 complete out), so the engine's framing, overlap-add and latency are unchanged; results equal the PyTorch backend
@@ -10,6 +10,7 @@ to float32 rounding (tested). Needs ``onnx`` (export) and ``onnxruntime`` (run):
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
@@ -26,11 +27,10 @@ def export_step(model: Enhancer, path: str | os.PathLike[str], opset: int = 17) 
     """Write the one-frame step of ``model`` (float32, one channel: fixed shapes let onnxruntime fold every shape
     computation) to ``path``, atomically.
 
-    The model's train/eval mode is left as it was (the exporter restores the wrapper's mode, recursively, and a
-    new module is in training mode: without the explicit eval() below, dropout would be switched on).
+    The step is exported from a float32 copy in eval mode (a new module is in training mode: without the explicit
+    eval() below, dropout would be switched on); the caller's model is left as it was.
     """
-    was_training = model.training
-    step = StaticStep(model.float()).eval()
+    step = StaticStep(copy.deepcopy(model).float()).eval()  # float32, without converting the caller's model
     shapes = step.state_shapes(batch=1)
     n_bins = model.cfg.pre_encoder.n_bins
     inputs = [torch.zeros(1, 1, n_bins)] + [
@@ -53,7 +53,6 @@ def export_step(model: Enhancer, path: str | os.PathLike[str], opset: int = 17) 
             opset_version=opset,
             dynamo=False,
         )
-    model.train(was_training)
     return Path(path)
 
 

@@ -34,7 +34,7 @@ class StreamState:
     channels: int
     buffer: np.ndarray  # [C, < win] input not yet consumed, padded coordinates from frame `frames_in`'s start
     spectra: torch.Tensor | None = None  # [C, <= lookahead, F] noisy spectra waiting for their output frame
-    model: Any = None  # the backend's state: EnhancerState (PyTorch) or OnnxState
+    model: Any = None  # the backend's state: EnhancerState (PyTorch) or FixedState
     tail: np.ndarray | None = None  # [C, win - hop] overlap-add tail of the last output frame
     received: int = 0  # input samples received
     emitted: int = 0  # output samples returned
@@ -45,8 +45,9 @@ class StreamingEnhancer:
     def __init__(
         self, model: Enhancer, channels: int = 1, with_competition: bool = False, backend: Any = None
     ) -> None:
-        """``backend``: None runs ``model.step`` (PyTorch); an :class:`enhance.onnx_backend.OnnxStepper` runs the
-        exported step with onnxruntime. Both give the same samples."""
+        """``backend``: None runs ``model.step`` (PyTorch); :class:`enhance.fixed_step.TracedStepper` (TorchScript)
+        or :class:`enhance.onnx_backend.OnnxStepper` (onnxruntime) run the fixed-shape one-frame step, faster for
+        small chunks. All give the same samples."""
         self.model, self.with_competition = model.eval(), with_competition
         self.backend = backend if backend is not None else model
         self.cfg = model.cfg.stft

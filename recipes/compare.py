@@ -71,15 +71,43 @@ def train(name: str, run: Path, args: argparse.Namespace) -> None:
     subprocess.run(cmd, check=True, cwd=ROOT)
 
 
+def check_settings(args: argparse.Namespace) -> None:
+    """Every run under ``--out`` is trained the same way: refuse to continue a comparison with other settings
+    (only ``--epochs`` may grow, which extends every run)."""
+    settings = {
+        "configs": [json.loads(Path(c).read_text()) for c in args.config],
+        "steps_per_epoch": args.steps_per_epoch,
+        "seed": args.seed,
+    }
+    path = args.out / "settings.json"
+    if path.is_file():
+        if json.loads(path.read_text()) != settings:
+            raise ValueError(
+                f"{args.out} holds runs trained with other settings (see {path}); use a new --out to compare those"
+            )
+        return
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(json.dumps(settings, indent=2) + "\n")
+
+
 def evaluate(name: str, run: Path, pairs: str, dnsmos: bool) -> dict:
     out = run / "eval"
-    summary, best = out / "summary.json", run / "best.safetensors"
-    if not summary.is_file() or summary.stat().st_mtime_ns < best.stat().st_mtime_ns:  # none, or stale
+    summary, best, used = out / "summary.json", run / "best.safetensors", out / "settings.json"
+    settings = {"pairs": str(pairs), "dnsmos": dnsmos}
+    stale = (
+        not summary.is_file()
+        or summary.stat().st_mtime_ns < best.stat().st_mtime_ns  # the best checkpoint changed
+        or not used.is_file()
+        or json.loads(used.read_text()) != settings  # other pairs, or DNSMOS switched
+    )
+    if stale:
         cmd = [sys.executable, "-m", "recipes.evaluate", "--checkpoint", str(run / "best.safetensors")]
         cmd += ["--pairs", pairs, "--out", str(out)] + ([] if dnsmos else ["--no-dnsmos"])
         print(f"[compare] {name}: evaluating on {pairs}", flush=True)
         subprocess.run(cmd, check=True, cwd=ROOT)
-    return json.loads((out / "summary.json").read_text())
+        with atomic_path(used) as tmp:
+            Path(tmp).write_text(json.dumps(settings) + "\n")
+    return json.loads(summary.read_text())
 
 
 def val_curve(run: Path) -> list[float]:
@@ -135,6 +163,11 @@ def plot(rows: list[tuple[str, list[float], dict]], path: Path) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        check_settings(args)
+    except (OSError, ValueError) as exc:
+        print(f"tim-compare: error: {exc}", file=sys.stderr)
+        return 1
     rows = []
     for name in args.configs:
         run = args.out / name

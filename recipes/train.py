@@ -130,6 +130,16 @@ def main(argv: list[str] | None = None) -> int:
             if not saved.is_file():
                 raise FileNotFoundError(f"{saved}: nothing to resume")
             cfg = from_dict(RunConfig, json.loads(saved.read_text()))
+            ignored = [
+                "--" + k.replace("_", "-")
+                for k, v in vars(args).items()
+                if k not in (*RESUME_OVERRIDES, "out", "resume") and v not in (None, [], False)
+            ]
+            if ignored:
+                raise ValueError(
+                    f"--resume continues the saved run as it was configured; {', '.join(ignored)} cannot change "
+                    "(only --device, --threads, --num-workers and --epochs can)"
+                )
             # Where and how fast a run executes may change between sessions (a GPU
             # machine, fewer cores); what it computes may not.
             runtime = {k: getattr(args, k) for k in RESUME_OVERRIDES}

@@ -250,6 +250,10 @@ class Trainer:
                 torch.manual_seed(cfg_seed_for(self.cfg.train.seed, self.dist.rank, self.pos.global_step))
             if torch.cuda.is_available() and saved["rng"].get("cuda") is not None:
                 torch.cuda.set_rng_state_all(saved["rng"]["cuda"])
+                if self.dist.rank > 0:  # rank 0 saved only its own stream: others draw fresh ones here too
+                    torch.cuda.manual_seed(
+                        cfg_seed_for(self.cfg.train.seed, self.dist.rank, self.pos.global_step)
+                    )
         elif self.resume:
             raise FileNotFoundError(f"{state_path}: nothing to resume")
         if self.dist.is_main:

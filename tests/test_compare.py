@@ -62,12 +62,29 @@ def test_compare_trains_evaluates_and_tabulates_each_config(
     assert summary.stat().st_mtime_ns >= (tmp_path / "cmp" / "tiny" / "best.safetensors").stat().st_mtime_ns
 
 
+def test_compare_refuses_to_mix_settings_in_one_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps({"train": {"batch_size": 2}}))
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "settings.json").write_text(json.dumps({"configs": [{}], "steps_per_epoch": 2, "seed": 0}))
+    code = compare_main(["--out", str(out), "--config", str(data), "--configs", "tiny", "--epochs", "1"])
+    assert code == 1
+    assert "other settings" in capsys.readouterr().err
+    assert not (out / "tiny").exists()
+
+
 def test_compare_reports_a_failed_run_without_a_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = tmp_path / "nowhere.json"
-    code = compare_main(
-        ["--out", str(tmp_path / "cmp"), "--config", str(missing), "--configs", "tiny", "--epochs", "1"]
-    )
-    assert code == 1
+    args = ["--configs", "tiny", "--epochs", "1"]
+    assert compare_main(["--out", str(tmp_path / "a"), "--config", str(missing), *args]) == 1
+    err = capsys.readouterr().err
+    assert "tim-compare: error:" in err and "nowhere.json" in err and "Traceback" not in err
+    broken = tmp_path / "broken.json"  # the training itself fails: no speech folder
+    broken.write_text(json.dumps({"data": {"recipe": "folders", "speech": [str(tmp_path / "none")]}}))
+    assert compare_main(["--out", str(tmp_path / "b"), "--config", str(broken), *args]) == 1
     assert "tim-compare: error: tiny" in capsys.readouterr().err

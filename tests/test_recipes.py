@@ -441,6 +441,18 @@ def test_resume_without_a_run_is_refused(
     assert not (run / "state.pt").exists() and not (run / "metrics.csv").exists()
 
 
+def test_resume_refuses_flags_it_would_ignore(
+    resume_runs: ResumeRuns, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = snapshot(resume_runs.a)
+    with in_process():
+        code = train_main(["--out", str(resume_runs.a), "--resume", "--lr", "0.1", "--model", "tiny-tim4"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--lr" in err and "--model" in err and "cannot change" in err
+    assert snapshot(resume_runs.a) == before
+
+
 def test_resume_with_a_changed_config_is_refused(resume_runs: ResumeRuns) -> None:
     before = snapshot(resume_runs.a)
     cfg = resume_runs.cfg

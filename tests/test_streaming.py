@@ -12,7 +12,7 @@ from enhance.offline import enhance_waveform
 from enhance.streaming import StreamingEnhancer
 from models import Enhancer, get_config
 from models.enhancer import EnhancerState
-from models.registry import paper_config
+from models.registry import paper_config, tiny_config
 
 TINY = [
     "tiny",
@@ -109,12 +109,14 @@ def _state_sizes(engine: StreamingEnhancer) -> tuple:
         tuple(st.spectra.shape),
         tuple(tuple(c.shape) for c in st.model.conv),
         tuple(tuple(kv.k.shape) for kv in st.model.kv),
+        tuple(None if kv.u is None else tuple(kv.u.shape) for kv in st.model.kv),  # MAE gate inputs
         None if st.model.pending is None else tuple(st.model.pending.shape),
     )
 
 
-def test_state_stays_bounded_over_a_long_stream() -> None:
-    model = _model("tiny").float()
+@pytest.mark.parametrize("name", ["tiny", "tiny+mae"])
+def test_state_stays_bounded_over_a_long_stream(name: str) -> None:
+    model = _model(name).float()
     engine = StreamingEnhancer(model)
     rng = np.random.default_rng(3)
     chunk = (rng.standard_normal((1, 16000 * 10)) * 0.1).astype(np.float32)
@@ -124,8 +126,9 @@ def test_state_stays_bounded_over_a_long_stream() -> None:
         if i in (5, 59):
             sizes.append(_state_sizes(engine))
     assert sizes[0] == sizes[1]
-    kv_frames = [s[2] for s in sizes[1][3]]
+    kv_frames = [s[2] for s in sizes[1][3]] + [s[2] for s in sizes[1][4] if s is not None]
     assert max(kv_frames) <= model.cfg.context_frames
+    assert (name == "tiny+mae") == any(s is not None for s in sizes[1][4])
     assert engine.state.buffer.shape[1] < model.cfg.stft.win_length
 
 
@@ -203,3 +206,11 @@ def test_torchscript_backend_equals_pytorch(name: str) -> None:
     assert np.abs(y - ref.wav).max() < 1e-5
     if ref.competition:
         assert np.abs(engine.competition()[0] - ref.competition[0]).max() < 1e-5
+
+
+def test_fixed_step_backends_refuse_a_zero_context() -> None:
+    from enhance.fixed_step import TracedStepper
+
+    model = Enhancer(tiny_config(2, context_frames=0)).eval()
+    with pytest.raises(ValueError, match="context_frames >= 1"):
+        TracedStepper(model)
