@@ -215,3 +215,28 @@ def test_bcd_trains_from_a_config_file_end_to_end(tmp_path: Path) -> None:
     assert len(rows) == 2 and "nan" not in rows[1].lower()
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["train"]["bcd"] == {"g_steps": 1, "f_steps": 1}
+
+
+def test_bcd_run_extended_by_resume_equals_the_longer_run(tmp_path: Path) -> None:
+    """Exact resume with BCD: F steps draw experts from the global RNG, which the run state must restore. A run of
+    1 epoch resumed to 2 (``--resume --epochs 2``) ends bit for bit where a 2-epoch run ends."""
+    import safetensors.torch
+
+    from recipes.train import main as train_main
+    from tests.audio_trees import build_folders
+
+    tree = build_folders(tmp_path / "data")
+    config = tmp_path / "bcd.json"
+    config.write_text(json.dumps({"train": {"model": "tiny+mae", "bcd": {"g_steps": 1, "f_steps": 2}}}))
+    common = [
+        *("--config", str(config), "--recipe", "folders"),
+        *("--speech", str(tree.speech), "--noise", str(tree.noise), "--val-pairs", str(tree.dev)),
+        *("--batch-size", "2", "--segment-seconds", "1.0", "--threads", "1", "--max-steps-per-epoch", "3"),
+    ]
+    assert train_main([*common, "--epochs", "2", "--out", str(tmp_path / "a")]) == 0
+    assert train_main([*common, "--epochs", "1", "--out", str(tmp_path / "b")]) == 0
+    assert train_main(["--out", str(tmp_path / "b"), "--resume", "--epochs", "2"]) == 0
+    a = safetensors.torch.load_file(tmp_path / "a" / "last.safetensors")
+    b = safetensors.torch.load_file(tmp_path / "b" / "last.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed BCD run ended at other weights"
