@@ -258,6 +258,10 @@ class Trainer:
             raise FileNotFoundError(f"{state_path}: nothing to resume")
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            # a run killed while writing a file leaves its temporary (atomic_path's ".<name>.*.tmp"): never read,
+            # and the file it was for is intact, so it only needs removing
+            for stale in self.run_dir.glob(".*.tmp"):
+                stale.unlink(missing_ok=True)
             run_folder.write_json(self.run_dir / "config.json", config)
             run_folder.write_json(
                 self.run_dir / "env.json",

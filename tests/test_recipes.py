@@ -475,8 +475,11 @@ def test_resume_with_a_changed_config_is_refused(resume_runs: ResumeRuns) -> Non
     assert trainer.pos.epoch == 2 and trainer.pos.global_step == 16
     # ... and so is one that only moves the run to another machine (threads, workers)
     moved = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, threads=2, device="cpu"))
+    stale = resume_runs.a / ".state.pt.killed.tmp"  # what a kill in the middle of a save leaves
+    stale.write_bytes(b"half a state")
     with in_process():
         trainer = Trainer(moved, resume_runs.a, resume=True)
+    assert not stale.exists()
     assert trainer.pos.global_step == 16 and trainer.cfg.train.threads == 2
     # ... or one that extends the finished run to more epochs (nothing depends on the total)
     longer = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=cfg.train.epochs + 1))
