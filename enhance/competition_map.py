@@ -27,8 +27,13 @@ def entropy(maps: np.ndarray) -> np.ndarray:
     return -(p * np.log(p)).sum(-1)
 
 
-def save_competition_map(path: str, maps: list[np.ndarray], ck: Checkpoint, source: str | None) -> None:
-    """Write ``maps`` (per TIM layer, [channels, frames, n_s]) to ``path`` (.npz or .png), atomically."""
+def save_competition_map(
+    path: str, maps: list[np.ndarray], ck: Checkpoint, source: str | bytes | None, name: str | None = None
+) -> None:
+    """Write ``maps`` (per TIM layer, [channels, frames, n_s]) to ``path`` (.npz or .png), atomically.
+
+    ``source``: the input audio (a path or the file's bytes) whose spectrogram the .png draws above the maps, or
+    None; ``name``: what the figure calls it (default: the path's file name)."""
     if not maps:
         raise ValueError(f"model '{ck.name}' has no competition (no TIM layers with competition)")
     stft = ck.config.stft
@@ -44,7 +49,9 @@ def save_competition_map(path: str, maps: list[np.ndarray], ck: Checkpoint, sour
         return
     if suffix != ".png":
         raise ValueError(f"{path}: competition maps are written as .png or .npz")
-    _draw_png(path, maps, blocks, times, source, ck)
+    if name is None:
+        name = Path(source).name if isinstance(source, str) else "input"
+    _draw_png(path, maps, blocks, times, source, name, ck)
 
 
 def _draw_png(
@@ -52,7 +59,8 @@ def _draw_png(
     maps: list[np.ndarray],
     blocks: list[int],
     times: np.ndarray,
-    source: str | None,
+    source: str | bytes | None,
+    name: str,
     ck: Checkpoint,
 ) -> None:
     try:
@@ -64,7 +72,7 @@ def _draw_png(
         raise ValueError(
             "drawing .png maps needs matplotlib: pip install 'tim-enhance[viz]' (or use .npz)"
         ) from None
-    spec = _spectrogram(source, ck) if source else None
+    spec = _spectrogram(source, ck) if source is not None else None
     rows = len(maps) + (1 if spec is not None else 0)
     fig, axes = plt.subplots(rows, 1, figsize=(10, 1.2 + 1.1 * rows), sharex=True, squeeze=False)
     ax_iter = iter(axes[:, 0])
@@ -73,7 +81,7 @@ def _draw_png(
         ax = next(ax_iter)
         ax.imshow(spec, origin="lower", aspect="auto", extent=(0, extent_t, 0, 8), cmap="magma")
         ax.set_ylabel("kHz")
-        ax.set_title(f"{Path(source or '').name}: spectrogram and competition (model {ck.name})", fontsize=9)
+        ax.set_title(f"{name}: spectrogram and competition (model {ck.name})", fontsize=9)
     for b, m in zip(blocks, maps, strict=True):
         ax = next(ax_iter)
         n_s = m.shape[-1]
@@ -96,7 +104,7 @@ def _draw_png(
     plt.close(fig)
 
 
-def _spectrogram(source: str, ck: Checkpoint) -> np.ndarray | None:
+def _spectrogram(source: str | bytes, ck: Checkpoint) -> np.ndarray | None:
     import torch
 
     from enhance.audio_io import AudioError, load_audio, resample

@@ -31,7 +31,6 @@ class FixedState:
     channels: list[dict[str, np.ndarray]] = field(default_factory=list)
     slot: int = 0
     started: bool = False
-    frames_in: int = 0
     frames_out: int = 0
 
 
@@ -85,13 +84,11 @@ class FixedStepper:
         x = feats.detach().float().cpu().numpy()
         state = state or self.new_state(x.shape[0])
         frames = [x[:, i : i + 1] for i in range(x.shape[1])]
-        padded = final and (state.started or bool(frames))
-        if padded:
+        if final and (state.started or frames):
             frames.append(np.zeros((x.shape[0], 1, self.n_bins), np.float32))  # the end's zero padding
         outs: list[np.ndarray] = []
         maps: list[list[np.ndarray]] = [[] for _ in range(self.n_maps)]
         for frame in frames:
-            state.frames_in += 1
             if not state.started:  # frame 0: nothing to output before its lookahead frame arrives
                 for b, tensors in enumerate(state.channels):
                     conv0 = tensors["conv_0"]
@@ -106,10 +103,9 @@ class FixedStepper:
             ]
             state.slot = (state.slot + 1) % self.context
             outs.append(np.concatenate([r[0] for r in per_channel], axis=0))
-            for i, store in enumerate(maps):
-                store.append(np.concatenate([r[1 + i] for r in per_channel], axis=0))
-        if padded:
-            state.frames_in -= 1  # the padding frame is not input
+            if return_competition:
+                for i, store in enumerate(maps):
+                    store.append(np.concatenate([r[1 + i] for r in per_channel], axis=0))
         log_mag = np.concatenate(outs, axis=1) if outs else np.zeros((x.shape[0], 0, self.n_bins), np.float32)
         state.frames_out += log_mag.shape[1]
         competition = (

@@ -207,7 +207,7 @@ class MultiHeadAttention(nn.Module):
         else:
             past = cache.end - cache.start
             # later queries see lags <= ctx: the last ctx frames
-            views = cache.extend(k, v, keep=ctx) if u is None else cache.extend(k, v, u, keep=ctx)
+            views = cache.extend(*(part for part in (k, v, u) if part is not None), keep=ctx)
             keys, values = views[0], views[1]
             if t == 1:  # one new frame sees every cached one: no mask needed
                 y = F.scaled_dot_product_attention(q, keys, values)

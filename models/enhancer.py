@@ -182,13 +182,12 @@ class EnhancerState:
     kv:       per block, keys/values of its last ``context_frames`` frames               KVCache [B, H, <= C, Dh]
               (MAE blocks also keep the gate's input of those frames)                    [B, G, <= C, d/G]
     pending:  input feature frames whose output waits for the lookahead (residual skip)  [B, <= lookahead, F]
-    frames_in / frames_out: frames consumed / produced so far
+    frames_out: frames produced so far
     """
 
     conv: list[torch.Tensor] | None = None
     kv: list[KVCache] | None = None
     pending: torch.Tensor | None = None
-    frames_in: int = 0
     frames_out: int = 0
 
 
@@ -211,9 +210,7 @@ def _step(model: Enhancer, feats: torch.Tensor, state: EnhancerState, final: boo
                 maps.append(c)
         new_kv.append(cache)
     log_mag = model.output_stage(pending[:, :n_out], h)
-    state = EnhancerState(
-        conv, new_kv, pending[:, n_out:], state.frames_in + feats.shape[1], state.frames_out + n_out
-    )
+    state = EnhancerState(conv, new_kv, pending[:, n_out:], state.frames_out + n_out)
     return EnhancerOutput(log_mag, maps if return_competition else None), state
 
 

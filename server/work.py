@@ -181,11 +181,10 @@ def analyze_png(lm: LoadedModel, data: bytes, info: AudioInfo, name: str, limits
         raise ApiError(422, "no_competition", f"model '{lm.name}' has no TIM competition to draw")
     job.check()
     with tempfile.TemporaryDirectory(prefix="tim-analyze-") as tmp:
-        source, target = Path(tmp) / "input", Path(tmp) / "maps.png"
-        source.write_bytes(data)
+        target = Path(tmp) / "maps.png"
         try:
             with _PLOT_LOCK:
-                save_competition_map(str(target), result.competition, lm.checkpoint, str(source))
+                save_competition_map(str(target), result.competition, lm.checkpoint, data, name)
         except ValueError as exc:  # matplotlib missing
             raise ApiError(406, "png_unavailable", _reason(exc, name)) from None
         return target.read_bytes()
