@@ -45,11 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _epochs_done(run: Path) -> int:
-    metrics = run / "metrics.csv"
-    if not metrics.is_file():
-        return 0
-    with metrics.open() as f:
-        return sum(1 for _ in csv.DictReader(f))
+    return len(val_curve(run)) if (run / "metrics.csv").is_file() else 0
 
 
 def train(name: str, run: Path, args: argparse.Namespace) -> None:
