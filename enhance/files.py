@@ -84,11 +84,13 @@ def enhance_stream(
     stream_block: int | None = None,
     with_competition: bool = False,
     on_progress: Callable[[int], None] | None = None,
+    backend: Any = None,
 ) -> FileResult:
     """Enhance the audio of ``src`` into ``dst`` (both paths or file objects). Raises :class:`AudioError`.
 
     The model runs on blocks of ``block_seconds``; ``stream_block`` (samples at 16 kHz) instead feeds the engine
     that many samples at a time, as a live stream would. Every block size gives the same samples (tested).
+    ``backend``: the streaming engine's (:func:`enhance.backends.streaming_backend`; None: PyTorch).
     """
     t0 = time.perf_counter()
     try:
@@ -107,7 +109,7 @@ def enhance_stream(
         if subtype is not None and not sf.check_format(fmt, subtype):
             raise AudioError(f"{name}: subtype {subtype} cannot be written in format {fmt}")
         clip = subtype is None or subtype not in ("FLOAT", "DOUBLE")
-        engine = StreamingEnhancer(model, channels, with_competition)
+        engine = StreamingEnhancer(model, channels, with_competition, backend=backend)
 
         def run(x16: np.ndarray) -> np.ndarray:
             if stream_block is None or x16.shape[1] <= stream_block:

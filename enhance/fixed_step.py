@@ -69,8 +69,13 @@ class FixedStepper:
         for name, new in zip(self.conv_names, result[n_head : n_head + len(self.conv_names)], strict=True):
             tensors[name] = new
         rest = result[n_head + len(self.conv_names) :]
-        for name, new in zip(self.ring_names, rest, strict=True):
-            tensors[name][:, :, slot] = new[:, :, 0]  # the oldest slot: its frame has left the window
+        for name, new in zip(
+            self.ring_names, rest, strict=True
+        ):  # the oldest slot: its frame left the window
+            if name.startswith("k_"):  # keys are stored transposed: [B, H, Dh, C]
+                tensors[name][..., slot] = new[..., 0]
+            else:
+                tensors[name][:, :, slot] = new[:, :, 0]
         tensors["valid"][slot] = True
         return result[:n_head]
 

@@ -10,7 +10,7 @@ real time); in file mode (``enhance-cli --stream in.wav -o out.wav``) the output
 
 from __future__ import annotations
 
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import soxr
@@ -34,11 +34,12 @@ def stream_pcm(
     channels: int,
     pcm: str = "s16le",
     block: int = 256,
+    backend: Any = None,
 ) -> int:
     """Enhance raw interleaved PCM from ``fin`` to ``fout`` until end of input; returns samples written."""
     dtype, scale = PCM_FORMATS[pcm]
     width = np.dtype(dtype).itemsize * channels
-    engine = StreamingEnhancer(model, channels)
+    engine = StreamingEnhancer(model, channels, backend=backend)
     down = soxr.ResampleStream(rate, MODEL_RATE, channels, dtype="float32") if rate != MODEL_RATE else None
     up = soxr.ResampleStream(MODEL_RATE, rate, channels, dtype="float32") if rate != MODEL_RATE else None
     received = written = 0

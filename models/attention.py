@@ -143,11 +143,12 @@ class KVCache:
 class StaticKV(NamedTuple):
     """Fixed-shape ring-buffer cache for exported one-frame steps.
 
-    ``k``/``v`` [B, H, C, Dh] hold the keys/values of the last ``context_frames`` (C) frames in any slot order
-    (attention does not depend on the order of its keys), ``valid`` [C] says which slots are filled, and ``u``
-    [B, G, C, d/G] (MAE layers) the gate inputs of the same frames. The step only reads them: it returns the
-    current frame's k, v (and u) [.., 1, ..] and the host writes those into the oldest slot, so no step copies
-    the cache (:mod:`enhance.onnx_backend`).
+    ``k`` [B, H, Dh, C] (transposed, so that the query's product with it reads contiguous memory) and ``v``
+    [B, H, C, Dh] hold the keys/values of the last ``context_frames`` (C) frames in any slot order (attention does
+    not depend on the order of its keys), ``valid`` [C] says which slots are filled, and ``u`` [B, G, C, d/G] (MAE
+    layers) the gate inputs of the same frames. The step only reads them: it returns the current frame's k
+    [B, H, Dh, 1], v and u [.., 1, ..] and the host writes those into the oldest slot, so no step copies the cache
+    (:mod:`enhance.fixed_step`).
     """
 
     k: torch.Tensor
@@ -191,10 +192,10 @@ class MultiHeadAttention(nn.Module):
         elif isinstance(cache, StaticKV):  # one frame against the C ring slots (ONNX export)
             # written out (not SDPA): exporters have mishandled SDPA's boolean masks. The current frame's score is
             # computed apart from the cached ones' so the cache is read in place, never concatenated.
-            scale = self.cfg.head_dim**-0.5
-            cached = torch.matmul(q, cache.k.transpose(-1, -2)) * scale  # [B, H, 1, C]
+            q = q * self.cfg.head_dim**-0.5
+            cached = torch.matmul(q, cache.k)  # [B, H, 1, C]: the ring stores keys transposed [B, H, Dh, C]
             cached = cached.masked_fill(~cache.valid, float("-inf"))
-            current = (q * k).sum(dim=-1, keepdim=True) * scale  # [B, H, 1, 1]
+            current = (q * k).sum(dim=-1, keepdim=True)  # [B, H, 1, 1]
             probs = torch.softmax(torch.cat([cached, current], dim=-1), dim=-1)
             n_slots = cached.shape[-1]
             y = torch.matmul(probs[..., :n_slots], cache.v) + probs[..., n_slots:] * v
@@ -203,7 +204,9 @@ class MultiHeadAttention(nn.Module):
                 assert cache.u is not None, "an MAE layer's static cache needs the gate inputs u"
                 weight = cache.valid.to(u.dtype).view(1, 1, -1, 1)
                 mean = ((cache.u * weight).sum(dim=2, keepdim=True) + u) / (weight.sum() + 1.0)
-            cache = StaticKV(k, v, cache.valid, u)  # this frame's entries, for the host to store
+            cache = StaticKV(
+                k.transpose(-1, -2), v, cache.valid, u
+            )  # this frame's entries, for the host to store
         else:
             past = cache.end - cache.start
             # later queries see lags <= ctx: the last ctx frames

@@ -53,12 +53,10 @@ class ConvBlock(nn.Module):
         # x: [B, C_in, T] -> [B, C_out, T]
         return self.unpadded(F.pad(x, self.pad))
 
-    def unpadded(self, x: torch.Tensor, exportable: bool = False) -> torch.Tensor:
+    def unpadded(self, x: torch.Tensor) -> torch.Tensor:
         """[B, C_in, T + k - 1] (context included) -> [B, C_out, T]."""
         k = self.conv.kernel_size[0]
-        if (
-            not exportable and x.shape[-1] - k + 1 <= 4
-        ):  # a few frames (streaming): one matmul beats the conv kernels' overhead
+        if x.shape[-1] - k + 1 <= 4:  # a few frames (streaming): one matmul beats the conv kernels' overhead
             windows = (
                 x.unfold(-1, k, 1).transpose(1, 2).flatten(2)
             )  # [B, T, C_in * k], same order as the weight
@@ -67,6 +65,12 @@ class ConvBlock(nn.Module):
             y = self.conv(x)
         y = self.norm(y.transpose(1, 2)).transpose(1, 2)  # LayerNorm over channels, per frame
         return self.act(y)
+
+    def one_frame(self, window: torch.Tensor) -> torch.Tensor:
+        """Exactly ``kernel_size`` frames [B, C_in, k] -> the one output frame [B, 1, C_out]: one matrix product
+        over the flattened window (same order as the weight), the export-friendly and fastest form."""
+        y = F.linear(window.flatten(1), self.conv.weight.flatten(1), self.conv.bias)
+        return self.act(self.norm(y)).unsqueeze(1)
 
 
 class PreEncoder(nn.Module):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from enhance.backends import BACKENDS
+
 MB = 1024 * 1024
 
 
@@ -37,6 +39,9 @@ class ServerConfig:
     max_streams: int = 8  # WebSocket streams at once
     max_stream_s: float = 3600.0  # audio seconds per WebSocket stream
     stream_idle_timeout_s: float = 60.0  # a stream with no message for this long is closed
+    stream_backend: str = (
+        "auto"  # what runs streams' steps (enhance.backends; one per model, shared by streams)
+    )
     load_in_background: bool = True  # serve /healthz (and 503 on /readyz) while the model loads
 
     def __post_init__(self) -> None:
@@ -50,6 +55,8 @@ class ServerConfig:
             raise ValueError("timeouts must be positive")
         if self.max_queue < 0 or self.queue_timeout_s < 0:
             raise ValueError("max_queue and queue_timeout_s must be >= 0 (0: refuse at once when busy)")
+        if self.stream_backend not in BACKENDS:
+            raise ValueError(f"stream_backend must be one of {', '.join(BACKENDS)}")
         if self.threads < 0:
             raise ValueError("threads must be >= 0")
         if self.api_key is not None and not self.api_key:

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 
+from enhance.backends import BACKENDS
 from models import CheckpointError
 from server.config import MB, ServerConfig
 
@@ -60,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-streams", type=int, default=8, help="WebSocket streams at once")
     p.add_argument("--max-stream-seconds", type=float, default=3600.0, help="audio per WebSocket stream (s)")
     p.add_argument(
+        "--stream-backend",
+        choices=BACKENDS,
+        default="auto",
+        help="what runs WebSocket streams' 16 ms steps (auto: torchscript on a CPU, else pytorch)",
+    )
+    p.add_argument(
         "--stream-idle-timeout", type=float, default=60.0, help="close a stream silent for this long (s)"
     )
     p.add_argument(
@@ -102,6 +109,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_streams=args.max_streams,
         max_stream_s=args.max_stream_seconds,
         stream_idle_timeout_s=args.stream_idle_timeout,
+        stream_backend=args.stream_backend,
         api_key=os.environ.get(args.api_key_env) or None,
         cors_origins=tuple(getattr(args, "cors_origin", ())),
         threads=args.threads,

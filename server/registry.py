@@ -7,9 +7,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from enhance.backends import streaming_backend
 from models import Checkpoint, CheckpointError, count_parameters, load_checkpoint
 from models.checkpoint import read_metadata
 from models.pretrained import load_pretrained, pretrained_path
@@ -22,6 +24,7 @@ class LoadedModel:
     name: str
     checkpoint: Checkpoint
     source: str  # "bundled" or "file"
+    stream_backend: Any = None  # runs WebSocket streams' steps, shared by all streams (None: PyTorch)
 
     @property
     def competition_blocks(self) -> list[int]:
@@ -72,7 +75,11 @@ def load_models(config: ServerConfig) -> dict[str, LoadedModel]:
         if name in loaded:
             raise CheckpointError(f"two models are named '{name}' (give one an alias: ALIAS=PATH)")
         ck.model.eval()
-        loaded[name] = LoadedModel(name, ck, source)
+        try:
+            backend = streaming_backend(ck.model, config.stream_backend)
+        except ValueError as exc:
+            raise CheckpointError(f"model '{name}': {exc}") from None
+        loaded[name] = LoadedModel(name, ck, source, backend)
 
     for name in config.model_specs:
         add(name, load_pretrained(name, device=config.device), "bundled")

@@ -170,7 +170,8 @@ async def _serve(ws: WebSocket) -> str:
         lm = state.store.get(start.model, cfg.retry_after_s)
     except ApiError as exc:
         raise StreamError(exc.code, exc.message, TRY_LATER if exc.status == 503 else POLICY) from None
-    session = Session(StreamingEnhancer(lm.checkpoint.model, start.channels), start)
+    engine = StreamingEnhancer(lm.checkpoint.model, start.channels, backend=lm.stream_backend)
+    session = Session(engine, start)
     limit = int(cfg.max_stream_s * start.sample_rate)
     ready = StreamReady(
         model=lm.name,

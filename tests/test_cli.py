@@ -255,12 +255,15 @@ def test_usage_errors_exit_2(tmp_path: Path, ckpt: str) -> None:
     assert proc.returncode == 2 and b".png or .npz" in proc.stderr
 
 
-def test_stream_file_mode_equals_offline(tmp_path: Path, ckpt: str) -> None:
+@pytest.mark.parametrize("backend", ["auto", "pytorch"])  # auto: torchscript here
+def test_stream_file_mode_equals_offline(tmp_path: Path, ckpt: str, backend: str) -> None:
     x = noisy(2.3, 16000, channels=2)
     src = tmp_path / "in.wav"
     sf.write(src, x, 16000, subtype="FLOAT")
     proc = cli(
         "--stream",
+        "--stream-backend",
+        backend,
         str(src),
         "-o",
         str(tmp_path / "o.wav"),

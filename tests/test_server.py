@@ -414,6 +414,22 @@ def test_stream_errors(server: RunningServer, what: str, messages: list, close: 
         assert ws.close_code == close
 
 
+def test_stream_with_the_pytorch_backend(checkpoint: Path, model: Enhancer) -> None:
+    """The shared server runs streams with the default backend (TorchScript here); this one with PyTorch's."""
+    config = ServerConfig(checkpoints=(str(checkpoint),), threads=1, stream_backend="pytorch")
+    with run_server(config) as srv:
+        x = noisy(1.1, 16000, 1, seed=4)
+        out, done = _stream(
+            srv,
+            x.astype("<f4").tobytes(),
+            {"sample_rate": 16000, "channels": 1, "format": "f32le"},
+            [4 * n for n in (300, 1, 4000)],
+        )
+    assert done == {"type": "done", "samples": x.shape[0]}
+    y = np.frombuffer(out, "<f4").reshape(-1, 1)
+    assert np.abs(y - _offline(model, x, 16000)).max() <= 1e-5
+
+
 def test_stream_limits(checkpoint: Path) -> None:
     config = ServerConfig(
         checkpoints=(str(checkpoint),), threads=1, max_streams=1, max_stream_s=0.5, stream_idle_timeout_s=1.0

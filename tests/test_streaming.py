@@ -214,3 +214,43 @@ def test_fixed_step_backends_refuse_a_zero_context() -> None:
     model = Enhancer(tiny_config(2, context_frames=0)).eval()
     with pytest.raises(ValueError, match="context_frames >= 1"):
         TracedStepper(model)
+
+
+def test_backend_choice() -> None:
+    from enhance.backends import resolve_backend, streaming_backend
+    from enhance.fixed_step import TracedStepper
+
+    model = _model("tiny").float()
+    assert resolve_backend(model, "auto") == "torchscript"
+    assert isinstance(streaming_backend(model, "auto"), TracedStepper)
+    assert streaming_backend(model, "pytorch") is None
+    assert resolve_backend(model.double(), "auto") == "pytorch"  # the fixed step is float32
+    unbounded = Enhancer(tiny_config(2, context_frames=0)).eval()
+    assert resolve_backend(unbounded, "auto") == "pytorch"
+    with pytest.raises(ValueError, match="context_frames"):
+        streaming_backend(unbounded, "torchscript")
+    with pytest.raises(ValueError, match="unknown streaming backend"):
+        resolve_backend(model, "tensorrt")
+
+
+def test_one_traced_backend_serves_concurrent_streams() -> None:
+    """The server shares one backend among its streams, each in its own thread: no state may leak between them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from enhance.fixed_step import TracedStepper
+
+    model = _model("tiny").float()
+    backend = TracedStepper(model)
+    rng = np.random.default_rng(3)
+    inputs = [(rng.standard_normal((1, 4000)) * 0.1).astype(np.float32) for _ in range(4)]
+
+    def run(x: np.ndarray) -> np.ndarray:
+        engine = StreamingEnhancer(model, 1, backend=backend)
+        return _stream(engine, x, [256] * 16)[0]
+
+    alone = [run(x) for x in inputs]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(run, inputs))
+    for a, b in zip(alone, together, strict=True):
+        assert np.array_equal(a, b)
+    assert not np.allclose(alone[0], alone[1])  # different inputs, different outputs: the check can fail

@@ -1,0 +1,63 @@
+"""Choosing the streaming engine's backend: what runs the model's incremental step.
+
+    backend = streaming_backend(model, "auto")
+    engine = StreamingEnhancer(model, backend=backend)
+
+* ``pytorch``: :meth:`models.enhancer.Enhancer.step`, eager PyTorch. Any device and dtype; many frames per call
+  cost little more than one, so it suits large chunks (and GPUs).
+* ``torchscript``: :class:`enhance.fixed_step.TracedStepper`, the one-frame step traced and frozen. About 2x
+  faster per 16 ms hop on a CPU (``bench/bench_streaming.py``); CPU, float32.
+* ``onnxruntime``: :class:`enhance.onnx_backend.OnnxStepper` on a step exported to a temporary file; needs the
+  ``onnx`` extra.
+* ``auto``: ``torchscript`` for a float32 model on the CPU with a bounded attention context, else ``pytorch``.
+
+All give the same samples (float32 rounding; tested). A backend holds no per-stream state (that lives in the
+engine's :class:`enhance.streaming.StreamState`), so one backend can serve many streams, also from several threads
+at once (tested for ``torchscript``).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models.enhancer import Enhancer
+
+BACKENDS = ("auto", "pytorch", "torchscript", "onnxruntime")
+
+
+def resolve_backend(model: Enhancer, name: str = "auto") -> str:
+    """The concrete backend ``name`` stands for with this model (``auto`` resolved); raises ValueError when the
+    model cannot run on the one asked for."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown streaming backend '{name}' (choose from {', '.join(BACKENDS)})")
+    param = next(model.parameters())
+    fixed_ok = param.device.type == "cpu" and model.cfg.context_frames >= 1
+    if name == "auto":
+        return "torchscript" if fixed_ok and param.dtype == torch.float32 else "pytorch"
+    if name != "pytorch" and not fixed_ok:
+        raise ValueError(
+            f"the {name} backend runs a fixed-shape step on the CPU: it needs a CPU model with context_frames "
+            "> 0 (use --stream-backend pytorch)"
+        )
+    return name
+
+
+def streaming_backend(model: Enhancer, name: str = "auto", threads: int = 1) -> Any | None:
+    """The backend object for :class:`enhance.streaming.StreamingEnhancer` (None: PyTorch). ``threads``:
+    onnxruntime's intra-op threads (TorchScript follows ``torch.set_num_threads``)."""
+    kind = resolve_backend(model, name)
+    if kind == "torchscript":
+        from enhance.fixed_step import TracedStepper
+
+        return TracedStepper(model)
+    if kind == "onnxruntime":
+        from enhance.onnx_backend import OnnxStepper, export_step
+
+        with tempfile.TemporaryDirectory() as tmp:  # the session keeps the model in memory
+            path = export_step(model, Path(tmp) / "step.onnx")
+            return OnnxStepper(path, model, threads=threads)
+    return None
