@@ -1,12 +1,13 @@
-"""Streaming backends that run the model's fixed-shape one-frame step (:class:`models.static_step.StaticStep`).
+"""Streaming backends that run the model's fixed-shape step (:class:`models.static_step.StaticStep`).
 
-:class:`FixedStepper` is the host: it keeps each channel's state (conv caches, the k/v ring buffers and their
-``valid`` mask), writes each step's new k/v into the ring's oldest slot, holds back frame 0 for the lookahead and
-feeds the end's zero padding, so that it has the contract of :meth:`models.enhancer.Enhancer.step` and plugs into
-:class:`enhance.streaming.StreamingEnhancer` as ``backend``. Runners:
+:class:`FixedStepper` is the host: it keeps each channel's state (conv caches, the k/v ring buffers), which frame
+each ring slot holds, and from that the mask of what each new frame may see; it writes each step's new k/v into
+the ring's oldest slots, holds back frame 0 for the lookahead and feeds the end's zero padding, so that it has the
+contract of :meth:`models.enhancer.Enhancer.step` and plugs into :class:`enhance.streaming.StreamingEnhancer` as
+``backend``. Runners:
 
-* :class:`TracedStepper`: the step traced and frozen with TorchScript (no Python per op);
-* :class:`enhance.onnx_backend.OnnxStepper`: the step exported to ONNX, run with onnxruntime.
+* :class:`TracedStepper`: the step traced and frozen with TorchScript (no Python per op), up to 64 frames per call;
+* :class:`enhance.onnx_backend.OnnxStepper`: the step exported to ONNX with one frame, run with onnxruntime.
 
 Both equal the PyTorch step to float32 rounding (tested).
 """
@@ -25,18 +26,25 @@ from models.static_step import StaticStep
 
 @dataclass
 class FixedState:
-    """Per channel: the step's state tensors (conv caches, the ``valid`` mask and the k/v(/u) ring buffers) and
-    the ring slot the next frame is written to."""
+    """One stream's state: per channel, the step's tensors (conv caches and the k/v(/u) ring buffers); shared by
+    the channels, which frame each ring slot holds (-1: empty), the slot the next frame is written to, and how
+    many frames have gone through the step."""
 
     channels: list[dict[str, np.ndarray]] = field(default_factory=list)
+    ring_frame: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     slot: int = 0
+    frames_run: int = 0
     started: bool = False
     frames_out: int = 0
 
 
 class FixedStepper:
     """The host of a fixed-shape step: :meth:`Enhancer.step`'s contract (frames in, the output frames they
-    complete out) on top of :meth:`run`, which subclasses implement (onnxruntime, TorchScript)."""
+    complete out) on top of :meth:`run`, which subclasses implement (onnxruntime, TorchScript). A call's frames
+    go through the step ``max_frames`` at a time (ONNX: 1; TorchScript: up to 64, so that large chunks read the
+    weights once per 64 frames instead of once per frame)."""
+
+    max_frames = 1
 
     def __init__(self, model: Enhancer) -> None:
         if model.cfg.context_frames < 1:
@@ -47,36 +55,46 @@ class FixedStepper:
         self.context = model.cfg.context_frames
         names = [name for name, _ in self.static.state_shapes(1)]
         self.conv_names = [n for n in names if n.startswith("conv_")]
-        self.ring_names = [n for n in names if n != "valid" and not n.startswith("conv_")]
+        self.ring_names = [n for n in names if n != "mask" and not n.startswith("conv_")]
 
     def new_state(self, batch: int) -> FixedState:
         def one() -> dict[str, np.ndarray]:
             return {
-                name: np.zeros(shape, dtype=bool if name == "valid" else np.float32)
+                name: np.zeros(shape, np.float32)
                 for name, shape in self.static.state_shapes(1)
+                if name != "mask"
             }
 
-        return FixedState([one() for _ in range(batch)])
+        return FixedState([one() for _ in range(batch)], ring_frame=np.full(self.context, -1, np.int64))
 
     def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """One call of the exported step: inputs by name -> outputs in :class:`StaticStep`'s order."""
+        """One call of the traced/exported step: inputs by name -> outputs in :class:`StaticStep`'s order."""
         raise NotImplementedError
 
-    def _run(self, frame: np.ndarray, tensors: dict[str, np.ndarray], slot: int) -> list[np.ndarray]:
-        """One frame [1, 1, F] of one channel; updates ``tensors`` in place; returns (log_mag, maps...)."""
-        result = self.run({"feat": frame, **tensors})
+    def _mask(self, state: FixedState, n: int) -> np.ndarray:
+        """[n, C + n]: new frame i (stream frame ``frames_run + i``) sees the filled ring slots no more than
+        ``context_frames`` before it, and new frames 0 ... i."""
+        t = state.frames_run + np.arange(n)
+        filled = state.ring_frame >= 0
+        ring = filled[None, :] & (state.ring_frame[None, :] >= (t[:, None] - self.context))
+        return np.concatenate([ring, np.tri(n, dtype=bool)], axis=1)
+
+    def _run(
+        self, frames: np.ndarray, tensors: dict[str, np.ndarray], mask: np.ndarray, slots: np.ndarray
+    ) -> list[np.ndarray]:
+        """``frames`` [1, n, F] of one channel; updates ``tensors`` in place; returns (log_mag, maps...)."""
+        result = self.run({"feat": frames, "mask": mask, **tensors})
         n_head = 1 + self.n_maps
         for name, new in zip(self.conv_names, result[n_head : n_head + len(self.conv_names)], strict=True):
-            tensors[name] = new
+            tensors[name] = np.ascontiguousarray(new)  # a slice in the step: strides must match the trace
         rest = result[n_head + len(self.conv_names) :]
         for name, new in zip(
             self.ring_names, rest, strict=True
-        ):  # the oldest slot: its frame left the window
+        ):  # the oldest slots: their frames left the window
             if name.startswith("k_"):  # keys are stored transposed: [B, H, Dh, C]
-                tensors[name][..., slot] = new[..., 0]
+                tensors[name][..., slots] = new
             else:
-                tensors[name][:, :, slot] = new[:, :, 0]
-        tensors["valid"][slot] = True
+                tensors[name][:, :, slots] = new
         return result[:n_head]
 
     def step(
@@ -88,25 +106,31 @@ class FixedStepper:
     ) -> tuple[EnhancerOutput, FixedState]:
         x = feats.detach().float().cpu().numpy()
         state = state or self.new_state(x.shape[0])
-        frames = [x[:, i : i + 1] for i in range(x.shape[1])]
-        if final and (state.started or frames):
-            frames.append(np.zeros((x.shape[0], 1, self.n_bins), np.float32))  # the end's zero padding
+        if final and (state.started or x.shape[1]):  # the end's zero padding
+            x = np.concatenate([x, np.zeros((x.shape[0], 1, self.n_bins), np.float32)], axis=1)
+        if not state.started and x.shape[1]:  # frame 0: nothing to output before its lookahead frame arrives
+            for b, tensors in enumerate(state.channels):
+                conv0 = tensors["conv_0"]
+                tensors["conv_0"] = np.concatenate(
+                    [conv0[:, :, 1:], x[b : b + 1, :1].transpose(0, 2, 1)], axis=2
+                )
+            state.started = True
+            x = x[:, 1:]
         outs: list[np.ndarray] = []
         maps: list[list[np.ndarray]] = [[] for _ in range(self.n_maps)]
-        for frame in frames:
-            if not state.started:  # frame 0: nothing to output before its lookahead frame arrives
-                for b, tensors in enumerate(state.channels):
-                    conv0 = tensors["conv_0"]
-                    tensors["conv_0"] = np.concatenate(
-                        [conv0[:, :, 1:], frame[b : b + 1].transpose(0, 2, 1)], axis=2
-                    )
-                state.started = True
-                continue
+        size = min(self.max_frames, self.context)  # a step's new frames must fit in the ring's oldest slots
+        for start in range(0, x.shape[1], size):
+            group = x[:, start : start + size]
+            n = group.shape[1]
+            mask = self._mask(state, n)
+            slots = (state.slot + np.arange(n)) % self.context
             per_channel = [
-                self._run(np.ascontiguousarray(frame[b : b + 1]), tensors, state.slot)
+                self._run(np.ascontiguousarray(group[b : b + 1]), tensors, mask, slots)
                 for b, tensors in enumerate(state.channels)
             ]
-            state.slot = (state.slot + 1) % self.context
+            state.ring_frame[slots] = state.frames_run + np.arange(n)
+            state.slot = (state.slot + n) % self.context
+            state.frames_run += n
             outs.append(np.concatenate([r[0] for r in per_channel], axis=0))
             if return_competition:
                 for i, store in enumerate(maps):
@@ -122,16 +146,20 @@ class FixedStepper:
 
 
 class TracedStepper(FixedStepper):
-    """The step traced with TorchScript, frozen and optimised for inference (CPU, float32)."""
+    """The step traced with TorchScript, frozen and optimised for inference (CPU, float32); any number of frames
+    per call (tested equal for 1 ... ``max_frames``)."""
+
+    max_frames = 64
 
     def __init__(self, model: Enhancer) -> None:
         super().__init__(model)
         step = StaticStep(
             copy.deepcopy(model).float()
         ).eval()  # float32, without converting the caller's model
-        example = [torch.zeros(1, 1, self.n_bins)] + [
-            torch.zeros(s, dtype=torch.bool) if name == "valid" else torch.zeros(s)
-            for name, s in step.state_shapes(1)
+        # traced with 2 new frames: the number of frames per call stays free (sizes are traced, not baked in)
+        example = [torch.zeros(1, 2, self.n_bins)] + [
+            torch.ones(s, dtype=torch.bool) if name == "mask" else torch.zeros(s)
+            for name, s in step.state_shapes(1, frames=2)
         ]
         with torch.no_grad():
             traced = torch.jit.trace(step, tuple(example), check_trace=False)

@@ -34,14 +34,14 @@ def export_step(model: Enhancer, path: str | os.PathLike[str], opset: int = 17) 
     shapes = step.state_shapes(batch=1)
     n_bins = model.cfg.pre_encoder.n_bins
     inputs = [torch.zeros(1, 1, n_bins)] + [
-        torch.zeros(s, dtype=torch.bool) if name == "valid" else torch.zeros(s) for name, s in shapes
+        torch.ones(s, dtype=torch.bool) if name == "mask" else torch.zeros(s) for name, s in shapes
     ]
     n_maps = len(model.competition_blocks)
     input_names = ["feat"] + [name for name, _ in shapes]
     output_names = (
         ["log_mag"]
         + [f"competition_{i}" for i in range(n_maps)]
-        + [f"new_{name}" for name, _ in shapes if name != "valid"]
+        + [f"new_{name}" for name, _ in shapes if name != "mask"]
     )
     with atomic_path(path) as tmp, torch.no_grad():
         torch.onnx.export(

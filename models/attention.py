@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.group_linear import GroupLinear
+from models.group_linear import GroupLinear, group_linear
 from models.mae import MAEConfig, MAEGate, windowed_mean
 
 
@@ -143,17 +143,18 @@ class KVCache:
 class StaticKV(NamedTuple):
     """Fixed-shape ring-buffer cache for exported one-frame steps.
 
-    ``k`` [B, H, Dh, C] (transposed, so that the query's product with it reads contiguous memory) and ``v``
+    ``k`` [B, H, Dh, C] (transposed, so that the queries' product with it reads contiguous memory) and ``v``
     [B, H, C, Dh] hold the keys/values of the last ``context_frames`` (C) frames in any slot order (attention does
-    not depend on the order of its keys), ``valid`` [C] says which slots are filled, and ``u`` [B, G, C, d/G] (MAE
-    layers) the gate inputs of the same frames. The step only reads them: it returns the current frame's k
-    [B, H, Dh, 1], v and u [.., 1, ..] and the host writes those into the oldest slot, so no step copies the cache
-    (:mod:`enhance.fixed_step`).
+    not depend on the order of its keys), and ``u`` [B, G, C, d/G] (MAE layers) the gate inputs of the same frames.
+    ``mask`` [T, C + T] says what each of the T new frames may see: which ring slots (filled, and within its
+    context), then which new frames (itself and the ones before it). The step only reads the ring: it returns the
+    new frames' k [B, H, Dh, T], v and u [.., T, ..] and the host writes those into the oldest slots, so no step
+    copies the cache (:mod:`enhance.fixed_step`).
     """
 
     k: torch.Tensor
     v: torch.Tensor
-    valid: torch.Tensor
+    mask: torch.Tensor
     u: torch.Tensor | None = None
 
 
@@ -176,37 +177,50 @@ class MultiHeadAttention(nn.Module):
         # [B, T, G, d/G] -> [B, T, H, Dh] (heads of mechanism g are g*H/G ... (g+1)*H/G-1) -> [B, H, T, Dh]
         return x.reshape(b, t, self.cfg.n_heads, self.cfg.head_dim).transpose(1, 2)
 
+    def fused_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The Q, K and V projections as one matrix product with concatenated weights. The concatenation is of
+        parameters only, so tracing with freezing (TorchScript) or exporting (ONNX) folds it into a constant: one
+        weight read per frame instead of three calls."""
+        parts = (self.q, self.k, self.v)
+        biases = [p.bias for p in parts]
+        bias = None if any(b is None for b in biases) else torch.cat(biases, dim=-1)  # type: ignore[arg-type]
+        out = group_linear(x, torch.cat([p.weight for p in parts], dim=-1), bias, self.q.n_groups)
+        return out.split(self.q.d_out, dim=-1)
+
     def forward(
         self, x: torch.Tensor, cache: KVCache | StaticKV | None = None
     ) -> tuple[torch.Tensor, KVCache | StaticKV | None]:
         """Offline (``cache`` None): the whole sequence. Incremental: ``x`` holds the frames that follow those of
         ``cache`` (empty tensors at the start); returns the updated cache."""
         b, t, g, dg = x.shape
-        q, k, v = self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
+        if isinstance(cache, StaticKV):  # traced/exported step: Q, K and V in one product (see fused_qkv)
+            q, k, v = (self._heads(part) for part in self.fused_qkv(x))
+        else:
+            q, k, v = self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
         u = x.transpose(1, 2) if self.mae is not None else None  # MAE gate input [B, G, T, d/G]
         ctx = self.cfg.context_frames
         if cache is None:
             p = self.cfg.attn_dropout if self.training else 0.0
             y = banded_attention(q, k, v, ctx, p)  # [B, H, T, Dh]
             mean = None if u is None else windowed_mean(u, t, ctx)
-        elif isinstance(cache, StaticKV):  # one frame against the C ring slots (ONNX export)
-            # written out (not SDPA): exporters have mishandled SDPA's boolean masks. The current frame's score is
+        elif isinstance(cache, StaticKV):  # T new frames against the C ring slots (traced / exported step)
+            # written out (not SDPA): exporters have mishandled SDPA's boolean masks. The new frames' scores are
             # computed apart from the cached ones' so the cache is read in place, never concatenated.
             q = q * self.cfg.head_dim**-0.5
-            cached = torch.matmul(q, cache.k)  # [B, H, 1, C]: the ring stores keys transposed [B, H, Dh, C]
-            cached = cached.masked_fill(~cache.valid, float("-inf"))
-            current = (q * k).sum(dim=-1, keepdim=True)  # [B, H, 1, 1]
-            probs = torch.softmax(torch.cat([cached, current], dim=-1), dim=-1)
+            cached = torch.matmul(q, cache.k)  # [B, H, T, C]: the ring stores keys transposed [B, H, Dh, C]
+            current = torch.matmul(q, k.transpose(-1, -2))  # [B, H, T, T]
+            scores = torch.cat([cached, current], dim=-1).masked_fill(~cache.mask, float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
             n_slots = cached.shape[-1]
-            y = torch.matmul(probs[..., :n_slots], cache.v) + probs[..., n_slots:] * v
+            y = torch.matmul(probs[..., :n_slots], cache.v) + torch.matmul(probs[..., n_slots:], v)
             mean = None
             if u is not None:
                 assert cache.u is not None, "an MAE layer's static cache needs the gate inputs u"
-                weight = cache.valid.to(u.dtype).view(1, 1, -1, 1)
-                mean = ((cache.u * weight).sum(dim=2, keepdim=True) + u) / (weight.sum() + 1.0)
-            cache = StaticKV(
-                k.transpose(-1, -2), v, cache.valid, u
-            )  # this frame's entries, for the host to store
+                w = cache.mask.to(u.dtype)  # [T, C + T]: the frames each query sees, the gate's window
+                total = torch.matmul(w[:, :n_slots], cache.u) + torch.matmul(w[:, n_slots:], u)
+                mean = total / w.sum(dim=-1, keepdim=True)
+            # the new frames' entries, for the host to store
+            cache = StaticKV(k.transpose(-1, -2), v, cache.mask, u)
         else:
             past = cache.end - cache.start
             # later queries see lags <= ctx: the last ctx frames

@@ -27,17 +27,26 @@ class GroupLinear(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.n_groups == 1:  # a plain linear map: one op instead of six (matters in per-frame streaming)
-            return F.linear(x, self.weight[0].t(), None if self.bias is None else self.bias[0])
-        lead = x.shape[:-2]
-        flat = x.reshape(-1, self.n_groups, self.d_in).transpose(0, 1)  # [G, N, d_in]
-        out = torch.bmm(flat, self.weight).transpose(0, 1)  # [N, G, d_out]
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*lead, self.n_groups, self.d_out)
+        return group_linear(x, self.weight, self.bias, self.n_groups)
 
     def extra_repr(self) -> str:
         return f"n_groups={self.n_groups}, d_in={self.d_in}, d_out={self.d_out}, bias={self.bias is not None}"
+
+
+def group_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n_groups: int
+) -> torch.Tensor:
+    """``[..., G, d_in]`` through per-group ``weight`` [G, d_in, d_out] (and ``bias`` [G, d_out]). ``n_groups``
+    is passed as a number so that tracing a weight computed in the graph (fused Q/K/V) does not branch on a shape."""
+    g, d_in, d_out = n_groups, weight.shape[1], weight.shape[2]
+    if g == 1:  # a plain linear map: one op instead of six (matters in per-frame streaming)
+        return F.linear(x, weight[0].t(), None if bias is None else bias[0])
+    lead = x.shape[:-2]
+    flat = x.reshape(-1, g, d_in).transpose(0, 1)  # [G, N, d_in]
+    out = torch.bmm(flat, weight).transpose(0, 1)  # [N, G, d_out]
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*lead, g, d_out)
 
 
 class GroupLayerNorm(nn.Module):

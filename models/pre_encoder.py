@@ -57,20 +57,19 @@ class ConvBlock(nn.Module):
         """[B, C_in, T + k - 1] (context included) -> [B, C_out, T]."""
         k = self.conv.kernel_size[0]
         if x.shape[-1] - k + 1 <= 4:  # a few frames (streaming): one matmul beats the conv kernels' overhead
-            windows = (
-                x.unfold(-1, k, 1).transpose(1, 2).flatten(2)
-            )  # [B, T, C_in * k], same order as the weight
-            y = F.linear(windows, self.conv.weight.flatten(1), self.conv.bias).transpose(1, 2)
-        else:
-            y = self.conv(x)
-        y = self.norm(y.transpose(1, 2)).transpose(1, 2)  # LayerNorm over channels, per frame
+            return self.frames(x).transpose(1, 2)
+        y = self.norm(self.conv(x).transpose(1, 2)).transpose(1, 2)  # LayerNorm over channels, per frame
         return self.act(y)
 
-    def one_frame(self, window: torch.Tensor) -> torch.Tensor:
-        """Exactly ``kernel_size`` frames [B, C_in, k] -> the one output frame [B, 1, C_out]: one matrix product
-        over the flattened window (same order as the weight), the export-friendly and fastest form."""
-        y = F.linear(window.flatten(1), self.conv.weight.flatten(1), self.conv.bias)
-        return self.act(self.norm(y)).unsqueeze(1)
+    def frames(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, C_in, T + k - 1] -> [B, T, C_out] (frames last): one matrix product of the T windows of k frames,
+        flattened in the weight's order. Fastest for a few frames, and the form the fixed-shape step exports."""
+        k = self.conv.kernel_size[0]
+        # [B, C_in, T, k] -> [B, T, C_in * k]; slices with constant ends (not unfold, which the ONNX exporter
+        # shapes wrongly, nor T, which a trace would bake in)
+        shifted = [x[..., j : j - (k - 1)] if j < k - 1 else x[..., j:] for j in range(k)]
+        windows = torch.stack(shifted, dim=-1).transpose(1, 2).flatten(2)
+        return self.act(self.norm(F.linear(windows, self.conv.weight.flatten(1), self.conv.bias)))
 
 
 class PreEncoder(nn.Module):

@@ -73,8 +73,13 @@ class InterMechanismAttention(nn.Module):
             # [B, T, G, H*Dh] -> [B, T, H, G, Dh]: the mechanisms are the attention sequence
             return x.reshape(b, t, g, self.n_heads, self.head_dim).transpose(2, 3)
 
-        p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(heads(self.q(h)), heads(self.k(h)), heads(self.v(h)), dropout_p=p)
+        # written out rather than SDPA: on sequences of n_s (2-4) mechanisms SDPA's CPU path costs ~100 us a call,
+        # a fifth of a streaming step; this is the same math (dropout on the attention weights, as SDPA)
+        q, k = heads(self.q(h)) * self.head_dim**-0.5, heads(self.k(h))
+        probs = F.dropout(
+            torch.softmax(torch.matmul(q, k.transpose(-1, -2)), dim=-1), self.dropout, self.training
+        )
+        y = torch.matmul(probs, heads(self.v(h)))
         return self.o(y.transpose(2, 3).reshape(b, t, g, self.n_heads * self.head_dim))
 
 

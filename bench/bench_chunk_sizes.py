@@ -1,0 +1,85 @@
+"""Streaming speed by chunk size and backend: which backend to pick for which caller.
+
+    python bench/bench_chunk_sizes.py [--model default | --checkpoint PATH] [--seconds 10]
+
+The streaming engine runs the same audio fed in chunks of 256 (one 16 ms hop), 512, 800, 1600, 4800 and 16000
+samples, once per backend (``enhance.backends``: eager PyTorch, TorchScript), on one CPU thread in this process,
+after an untimed warm-up. Reported: real-time factor (compute time / audio duration) per chunk size, and the
+ratio PyTorch / TorchScript. Prints a Markdown table and writes ``bench/results/chunk-sizes.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_streaming import test_signal  # noqa: E402
+from enhance.backends import streaming_backend  # noqa: E402
+from enhance.streaming import StreamingEnhancer  # noqa: E402
+from models.checkpoint import load_checkpoint  # noqa: E402
+from models.pretrained import load_pretrained  # noqa: E402
+
+CHUNKS = (256, 512, 800, 1600, 4800, 16000)
+BACKENDS = ("pytorch", "torchscript")
+
+
+def rtf(engine: StreamingEnhancer, x: np.ndarray, chunk: int) -> float:
+    engine.reset()
+    t0 = time.perf_counter()
+    for i in range(0, x.shape[1], chunk):
+        engine.process(x[:, i : i + chunk])
+    engine.flush()
+    return (time.perf_counter() - t0) / (x.shape[1] / 16000)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--checkpoint")
+    g.add_argument("--model", default="default")
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "chunk-sizes.md"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
+    model = ck.model.eval()
+    x = test_signal(args.seconds)[None]
+    load_before = os.getloadavg()[0]
+    engines = {b: StreamingEnhancer(model, backend=streaming_backend(model, b)) for b in BACKENDS}
+    for engine in engines.values():  # warm-up: first-call allocations, TorchScript's specialisation
+        for chunk in CHUNKS:
+            rtf(engine, x[:, :16000], chunk)
+    rows = []
+    for chunk in CHUNKS:
+        r = {b: rtf(engines[b], x, chunk) for b in BACKENDS}
+        rows.append(
+            f"| {chunk} | {1000 * chunk / 16000:g} | {r['pytorch']:.3f} | {r['torchscript']:.3f} "
+            f"| {r['pytorch'] / r['torchscript']:.2f} |"
+        )
+    text = (
+        f"Streaming engine by chunk size, one CPU thread, {args.seconds:g} s of audio, "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}. "
+        f"Command: `python bench/bench_chunk_sizes.py "
+        f"{'--checkpoint ' + args.checkpoint if args.checkpoint else '--model ' + args.model}`. "
+        f"Load average before the run: {load_before:.2f}.\n\n"
+        "| chunk (samples) | chunk (ms) | RTF PyTorch (eager) | RTF TorchScript | PyTorch / TorchScript |\n"
+        "|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
+    )
+    print(text)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
