@@ -28,7 +28,7 @@ from enhance.offline import enhance_waveform
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.enhancer import count_parameters
 from models.pretrained import DEFAULT_MODEL, PRETRAINED_DIR
-from recipes.evaluate import evaluate, markdown_table
+from recipes.evaluate import DNSMOS_KEYS, evaluate, markdown_table
 from recipes.metrics import pesq_wb, si_sdr, stoi
 from recipes.pairs import discover_pairs
 from recipes.run_folder import read_csv
@@ -53,32 +53,50 @@ def example_metrics(model: Any) -> dict[str, dict[str, float]]:
     }
 
 
+SWEEP_SELECT = {"pesq": "pesq", "ovrl": "dnsmos_ovrl"}
+
+
 def sweep_attenuation(
-    ck: Any, pairs: list[Any], limits: list[float | None], out: Path
+    ck: Any, pairs: list[Any], limits: list[float | None], out: Path, dnsmos: bool = False
 ) -> list[dict[str, Any]]:
-    """PESQ/STOI/SI-SDR of the enhanced output for each attenuation limit (None = no limit), on ``pairs``."""
+    """PESQ/STOI/SI-SDR (and DNSMOS) of the enhanced output for each attenuation limit (None = no limit), on
+    ``pairs``."""
     rows = []
+    keys = ("pesq", "stoi", "si_sdr") + (DNSMOS_KEYS if dnsmos else ())
     for limit in limits:
         ck.model.cfg = dataclasses.replace(ck.model.cfg, max_attenuation_db=limit)
         tag = "none" if limit is None else f"{limit:g}"
-        r = evaluate(ck.model, pairs, out / f"sweep-{tag}", dnsmos=False, log=None)["summary"]
-        scores = {k: r["enhanced"][k] for k in ("pesq", "stoi", "si_sdr")}
-        rows.append({"limit_db": limit, **scores, "noisy": r["noisy"]})
+        r = evaluate(ck.model, pairs, out / f"sweep-{tag}", dnsmos=dnsmos, log=None)["summary"]
+        rows.append({"limit_db": limit, **{k: r["enhanced"][k] for k in keys}, "noisy": r["noisy"]})
     return rows
 
 
-def sweep_table(rows: list[dict[str, Any]], n_pairs: int) -> str:
+def best_row(rows: list[dict[str, Any]], select: str) -> dict[str, Any]:
+    """The sweep row with the highest ``select`` score (``pesq`` or ``ovrl``); the first of equals."""
+    return max(rows, key=lambda r: r[SWEEP_SELECT[select]])
+
+
+def sweep_table(rows: list[dict[str, Any]], n_pairs: int, select: str = "pesq") -> str:
     noisy = rows[0]["noisy"]
+    keys = [k for k in ("pesq", "stoi", "si_sdr", *DNSMOS_KEYS) if k in rows[0]]
+    names = {"pesq": "PESQ", "stoi": "STOI", "si_sdr": "SI-SDR (dB)"} | {
+        k: k.upper().replace("_", " ") for k in DNSMOS_KEYS
+    }
+
+    def cells(r: dict[str, Any]) -> str:
+        return " | ".join(f"{r[k]:.2f}" if k == "si_sdr" else f"{r[k]:.3f}" for k in keys)
+
     lines = [
-        f"## Attenuation limit\n\nChosen by PESQ on the first {n_pairs} dev pairs (they are also among the pairs above):",
+        f"## Attenuation limit\n\nChosen by {names[SWEEP_SELECT[select]]} on the first {n_pairs} dev pairs (they are "
+        "also among the pairs above):",
         "",
-        "| max attenuation (dB) | PESQ | STOI | SI-SDR (dB) |",
-        "|---|---|---|---|",
-        f"| (noisy input) | {noisy['pesq']:.3f} | {noisy['stoi']:.3f} | {noisy['si_sdr']:.2f} |",
+        "| max attenuation (dB) | " + " | ".join(names[k] for k in keys) + " |",
+        "|---" * (len(keys) + 1) + "|",
+        f"| (noisy input) | {cells(noisy)} |",
     ]
     for r in rows:
         tag = "no limit" if r["limit_db"] is None else f"{r['limit_db']:g}"
-        lines.append(f"| {tag} | {r['pesq']:.3f} | {r['stoi']:.3f} | {r['si_sdr']:.2f} |")
+        lines.append(f"| {tag} | {cells(r)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -141,7 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int)
     ap.add_argument(
         "--attenuation-sweep",
-        help="comma-separated max-attenuation limits in dB to try ('none' = no limit); the best PESQ is kept",
+        help="comma-separated max-attenuation limits in dB to try ('none' = no limit); the best is kept",
+    )
+    ap.add_argument(
+        "--sweep-select",
+        choices=sorted(SWEEP_SELECT),
+        default="pesq",
+        help="what the sweep maximises: PESQ, or DNSMOS OVRL (residual noise weighs more) (default %(default)s)",
     )
     ap.add_argument("--sweep-pairs", type=int, default=20, help="dev pairs the sweep is scored on")
     args = ap.parse_args(argv if argv is not None else sys.argv[1:])
@@ -152,10 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     sweep = ""
     if args.attenuation_sweep:
         limits = [None if v.strip() == "none" else float(v) for v in args.attenuation_sweep.split(",")]
-        sweep_rows = sweep_attenuation(ck, pairs[: args.sweep_pairs], limits, out)
-        best = max(sweep_rows, key=lambda r: r["pesq"])
+        if args.sweep_select == "ovrl" and args.no_dnsmos:
+            ap.error("--sweep-select ovrl needs DNSMOS (drop --no-dnsmos)")
+        sweep_rows = sweep_attenuation(ck, pairs[: args.sweep_pairs], limits, out, dnsmos=not args.no_dnsmos)
+        best = best_row(sweep_rows, args.sweep_select)
         ck.model.cfg = dataclasses.replace(ck.model.cfg, max_attenuation_db=best["limit_db"])
-        sweep = "\n" + sweep_table(sweep_rows, args.sweep_pairs)
+        sweep = "\n" + sweep_table(sweep_rows, args.sweep_pairs, args.sweep_select)
     evaluation = evaluate(ck.model, pairs, out, dnsmos=not args.no_dnsmos, limit=args.limit)
     evaluation["pairs_root"] = args.pairs
     rows = read_csv(run / "metrics.csv")
