@@ -53,7 +53,10 @@ def example_metrics(model: Any) -> dict[str, dict[str, float]]:
     }
 
 
-SWEEP_SELECT = {"pesq": "pesq", "ovrl": "dnsmos_ovrl"}
+# how the sweep picks a limit: by PESQ; by DNSMOS OVRL; or "balanced": the best OVRL among the limits whose PESQ is
+# within PESQ_TOLERANCE of the best PESQ (OVRL alone favours no limit, which costs PESQ below the noisy input)
+SWEEP_SELECT = {"pesq": "pesq", "ovrl": "dnsmos_ovrl", "balanced": "dnsmos_ovrl"}
+PESQ_TOLERANCE = 0.05
 
 
 def sweep_attenuation(
@@ -72,7 +75,10 @@ def sweep_attenuation(
 
 
 def best_row(rows: list[dict[str, Any]], select: str) -> dict[str, Any]:
-    """The sweep row with the highest ``select`` score (``pesq`` or ``ovrl``); the first of equals."""
+    """The sweep row chosen by ``select`` (see ``SWEEP_SELECT``); the first of equals."""
+    if select == "balanced":
+        top = max(r["pesq"] for r in rows)
+        rows = [r for r in rows if r["pesq"] >= top - PESQ_TOLERANCE]
     return max(rows, key=lambda r: r[SWEEP_SELECT[select]])
 
 
@@ -83,12 +89,16 @@ def sweep_table(rows: list[dict[str, Any]], n_pairs: int, select: str = "pesq") 
         k: k.upper().replace("_", " ") for k in DNSMOS_KEYS
     }
 
+    how = names[SWEEP_SELECT[select]] + (
+        f" among the limits within {PESQ_TOLERANCE} of the best PESQ" if select == "balanced" else ""
+    )
+
     def cells(r: dict[str, Any]) -> str:
         return " | ".join(f"{r[k]:.2f}" if k == "si_sdr" else f"{r[k]:.3f}" for k in keys)
 
     lines = [
-        f"## Attenuation limit\n\nChosen by {names[SWEEP_SELECT[select]]} on the first {n_pairs} dev pairs (they are "
-        "also among the pairs above):",
+        f"## Attenuation limit\n\nChosen by {how} on the first {n_pairs} dev pairs (they are also among the pairs "
+        "above):",
         "",
         "| max attenuation (dB) | " + " | ".join(names[k] for k in keys) + " |",
         "|---" * (len(keys) + 1) + "|",
@@ -165,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         "--sweep-select",
         choices=sorted(SWEEP_SELECT),
         default="pesq",
-        help="what the sweep maximises: PESQ, or DNSMOS OVRL (residual noise weighs more) (default %(default)s)",
+        help="what the sweep maximises: PESQ; DNSMOS OVRL; or balanced = the best OVRL among the limits within "
+        f"{PESQ_TOLERANCE} of the best PESQ (default %(default)s)",
     )
     ap.add_argument("--sweep-pairs", type=int, default=20, help="dev pairs the sweep is scored on")
     args = ap.parse_args(argv if argv is not None else sys.argv[1:])
@@ -176,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     sweep = ""
     if args.attenuation_sweep:
         limits = [None if v.strip() == "none" else float(v) for v in args.attenuation_sweep.split(",")]
-        if args.sweep_select == "ovrl" and args.no_dnsmos:
-            ap.error("--sweep-select ovrl needs DNSMOS (drop --no-dnsmos)")
+        if args.sweep_select != "pesq" and args.no_dnsmos:
+            ap.error(f"--sweep-select {args.sweep_select} needs DNSMOS (drop --no-dnsmos)")
         sweep_rows = sweep_attenuation(ck, pairs[: args.sweep_pairs], limits, out, dnsmos=not args.no_dnsmos)
         best = best_row(sweep_rows, args.sweep_select)
         ck.model.cfg = dataclasses.replace(ck.model.cfg, max_attenuation_db=best["limit_db"])

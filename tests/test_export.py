@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import torch
 
 from models import Enhancer, get_config
-from recipes.export import SWEEP_SELECT, best_row, sweep_attenuation, sweep_table
+from recipes.export import best_row, sweep_attenuation, sweep_table
 from recipes.pairs import discover_pairs
 from tests.test_evaluate import make_dev_set
 
@@ -36,10 +36,13 @@ def test_attenuation_sweep_with_dnsmos(tmp_path: Path) -> None:
         "DNSMOS OVRL",
     ]
     assert [line.split("|")[1].strip() for line in table[6:]] == ["(noisy input)", "no limit", "3"]
-    for select, key in SWEEP_SELECT.items():
+    for select, key in (("pesq", "pesq"), ("ovrl", "dnsmos_ovrl")):
         assert best_row(rows, select)[key] == max(r[key] for r in rows)
-    pesq_first = [
-        {"limit_db": 1, "pesq": 2.0, "dnsmos_ovrl": 2.0},
-        {"limit_db": 2, "pesq": 1.0, "dnsmos_ovrl": 3.0},
+    sweep = [  # the shape of the real sweep: OVRL alone would take no limit, at a PESQ below the others
+        {"limit_db": None, "pesq": 1.50, "dnsmos_ovrl": 2.80},
+        {"limit_db": 20, "pesq": 1.73, "dnsmos_ovrl": 2.78},
+        {"limit_db": 15, "pesq": 1.75, "dnsmos_ovrl": 2.75},
+        {"limit_db": 12, "pesq": 1.74, "dnsmos_ovrl": 2.70},
     ]
-    assert best_row(pesq_first, "pesq")["limit_db"] == 1 and best_row(pesq_first, "ovrl")["limit_db"] == 2
+    assert [best_row(sweep, s)["limit_db"] for s in ("pesq", "ovrl", "balanced")] == [15, None, 20]
+    assert "within 0.05 of the best PESQ" in sweep_table(rows, 2, "balanced")
