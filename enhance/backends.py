@@ -3,13 +3,14 @@
     backend = streaming_backend(model, "auto")
     engine = StreamingEnhancer(model, backend=backend)
 
-* ``pytorch``: :meth:`models.enhancer.Enhancer.step`, eager PyTorch. Any device and dtype; many frames per call
-  cost little more than one, so it suits large chunks (and GPUs).
-* ``torchscript``: :class:`enhance.fixed_step.TracedStepper`, the one-frame step traced and frozen. About 2x
-  faster per 16 ms hop on a CPU (``bench/bench_streaming.py``); CPU, float32.
-* ``onnxruntime``: :class:`enhance.onnx_backend.OnnxStepper` on a step exported to a temporary file; needs the
-  ``onnx`` extra.
-* ``auto``: ``torchscript`` for a float32 model on the CPU with a bounded attention context, else ``pytorch``.
+* ``pytorch``: :meth:`models.enhancer.Enhancer.step`, eager PyTorch. Any device, dtype and configuration.
+* ``torchscript``: :class:`enhance.fixed_step.TracedStepper`, the fixed-shape step traced and frozen, up to 64
+  frames per call. On a CPU it is faster than eager PyTorch at every chunk size, 2.4x for 16 ms chunks
+  (``bench/bench_chunk_sizes.py``). CPU, float32.
+* ``onnxruntime``: :class:`enhance.onnx_backend.OnnxStepper` on a one-frame step exported to a temporary file;
+  needs the ``onnx`` extra.
+* ``auto``: ``torchscript`` when the model can run it (float32, on the CPU, a bounded attention context and the
+  one-frame lookahead the fixed step is written for), else ``pytorch``.
 
 All give the same samples (float32 rounding; tested). A backend holds no per-stream state (that lives in the
 engine's :class:`enhance.streaming.StreamState`), so one backend can serve many streams, also from several threads
@@ -35,13 +36,15 @@ def resolve_backend(model: Enhancer, name: str = "auto") -> str:
     if name not in BACKENDS:
         raise ValueError(f"unknown streaming backend '{name}' (choose from {', '.join(BACKENDS)})")
     param = next(model.parameters())
-    fixed_ok = param.device.type == "cpu" and model.cfg.context_frames >= 1
+    fixed_ok = (
+        param.device.type == "cpu" and model.cfg.context_frames >= 1 and model.cfg.lookahead_frames == 1
+    )
     if name == "auto":
         return "torchscript" if fixed_ok and param.dtype == torch.float32 else "pytorch"
     if name != "pytorch" and not fixed_ok:
         raise ValueError(
             f"the {name} backend runs a fixed-shape step on the CPU: it needs a CPU model with context_frames "
-            "> 0 (use --stream-backend pytorch)"
+            "> 0 and a lookahead of one frame (use --stream-backend pytorch)"
         )
     return name
 
@@ -55,6 +58,13 @@ def streaming_backend(model: Enhancer, name: str = "auto", threads: int = 1) -> 
 
         return TracedStepper(model)
     if kind == "onnxruntime":
+        try:
+            import onnx  # noqa: F401
+            import onnxruntime  # noqa: F401
+        except ImportError as exc:
+            raise ImportError(
+                f"the onnxruntime backend needs: pip install 'tim-enhance[onnx]' ({exc})"
+            ) from None
         from enhance.onnx_backend import OnnxStepper, export_step
 
         with tempfile.TemporaryDirectory() as tmp:  # the session keeps the model in memory

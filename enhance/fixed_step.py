@@ -41,8 +41,8 @@ class FixedState:
 class FixedStepper:
     """The host of a fixed-shape step: :meth:`Enhancer.step`'s contract (frames in, the output frames they
     complete out) on top of :meth:`run`, which subclasses implement (onnxruntime, TorchScript). A call's frames
-    go through the step ``max_frames`` at a time (ONNX: 1; TorchScript: up to 64, so that large chunks read the
-    weights once per 64 frames instead of once per frame)."""
+    go through the step ``min(max_frames, context_frames)`` at a time (ONNX: 1; TorchScript: up to 64, so that
+    large chunks read the weights once per call instead of once per frame; never more than the ring's slots)."""
 
     max_frames = 1
 

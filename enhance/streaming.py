@@ -46,8 +46,8 @@ class StreamingEnhancer:
         self, model: Enhancer, channels: int = 1, with_competition: bool = False, backend: Any = None
     ) -> None:
         """``backend``: None runs ``model.step`` (PyTorch); :class:`enhance.fixed_step.TracedStepper` (TorchScript)
-        or :class:`enhance.onnx_backend.OnnxStepper` (onnxruntime) run the fixed-shape one-frame step, faster for
-        small chunks. All give the same samples."""
+        or :class:`enhance.onnx_backend.OnnxStepper` (onnxruntime) run the fixed-shape step, faster on a CPU
+        (:mod:`enhance.backends` chooses). All give the same samples."""
         self.model, self.with_competition = model.eval(), with_competition
         self.backend = backend if backend is not None else model
         self.cfg = model.cfg.stft

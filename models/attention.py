@@ -141,7 +141,7 @@ class KVCache:
 
 
 class StaticKV(NamedTuple):
-    """Fixed-shape ring-buffer cache for exported one-frame steps.
+    """Fixed-shape ring-buffer cache of the traced/exported step (:mod:`models.static_step`).
 
     ``k`` [B, H, Dh, C] (transposed, so that the queries' product with it reads contiguous memory) and ``v``
     [B, H, C, Dh] hold the keys/values of the last ``context_frames`` (C) frames in any slot order (attention does

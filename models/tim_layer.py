@@ -73,13 +73,11 @@ class InterMechanismAttention(nn.Module):
             # [B, T, G, H*Dh] -> [B, T, H, G, Dh]: the mechanisms are the attention sequence
             return x.reshape(b, t, g, self.n_heads, self.head_dim).transpose(2, 3)
 
-        # written out rather than SDPA: on sequences of n_s (2-4) mechanisms SDPA's CPU path costs ~100 us a call,
-        # a fifth of a streaming step; this is the same math (dropout on the attention weights, as SDPA)
-        q, k = heads(self.q(h)) * self.head_dim**-0.5, heads(self.k(h))
-        probs = F.dropout(
-            torch.softmax(torch.matmul(q, k.transpose(-1, -2)), dim=-1), self.dropout, self.training
-        )
-        y = torch.matmul(probs, heads(self.v(h)))
+        q, k, v = heads(self.q(h)), heads(self.k(h)), heads(self.v(h))
+        if self.training:  # SDPA, as before: the same random draws, so runs resume exactly across versions
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout)
+        else:  # written out: on n_s (2-4) mechanisms SDPA's CPU path costs ~100 us a call, a fifth of a stream step
+            y = torch.matmul(torch.softmax(torch.matmul(q * self.head_dim**-0.5, k.transpose(-1, -2)), -1), v)
         return self.o(y.transpose(2, 3).reshape(b, t, g, self.n_heads * self.head_dim))
 
 

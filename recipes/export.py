@@ -29,7 +29,7 @@ from models.checkpoint import load_checkpoint, save_checkpoint
 from models.enhancer import count_parameters
 from models.pretrained import DEFAULT_MODEL, PRETRAINED_DIR
 from recipes.evaluate import DNSMOS_KEYS, evaluate, markdown_table
-from recipes.metrics import pesq_wb, si_sdr, stoi
+from recipes.metrics import DNSMOS, pesq_wb, si_sdr, stoi
 from recipes.pairs import discover_pairs
 from recipes.run_folder import read_csv
 
@@ -60,11 +60,12 @@ PESQ_TOLERANCE = 0.05
 
 
 def sweep_attenuation(
-    ck: Any, pairs: list[Any], limits: list[float | None], out: Path, dnsmos: bool = False
+    ck: Any, pairs: list[Any], limits: list[float | None], out: Path, dnsmos: bool | DNSMOS = False
 ) -> list[dict[str, Any]]:
     """PESQ/STOI/SI-SDR (and DNSMOS) of the enhanced output for each attenuation limit (None = no limit), on
     ``pairs``."""
     rows = []
+    dnsmos = DNSMOS() if dnsmos is True else dnsmos  # one ONNX session for every limit
     keys = ("pesq", "stoi", "si_sdr") + (DNSMOS_KEYS if dnsmos else ())
     for limit in limits:
         ck.model.cfg = dataclasses.replace(ck.model.cfg, max_attenuation_db=limit)
@@ -185,15 +186,16 @@ def main(argv: list[str] | None = None) -> int:
     out = run / f"eval-{args.name}"
     pairs = discover_pairs(args.pairs).pairs
     sweep = ""
+    dnsmos = False if args.no_dnsmos else DNSMOS()
     if args.attenuation_sweep:
         limits = [None if v.strip() == "none" else float(v) for v in args.attenuation_sweep.split(",")]
         if args.sweep_select != "pesq" and args.no_dnsmos:
             ap.error(f"--sweep-select {args.sweep_select} needs DNSMOS (drop --no-dnsmos)")
-        sweep_rows = sweep_attenuation(ck, pairs[: args.sweep_pairs], limits, out, dnsmos=not args.no_dnsmos)
+        sweep_rows = sweep_attenuation(ck, pairs[: args.sweep_pairs], limits, out, dnsmos=dnsmos)
         best = best_row(sweep_rows, args.sweep_select)
         ck.model.cfg = dataclasses.replace(ck.model.cfg, max_attenuation_db=best["limit_db"])
         sweep = "\n" + sweep_table(sweep_rows, args.sweep_pairs, args.sweep_select)
-    evaluation = evaluate(ck.model, pairs, out, dnsmos=not args.no_dnsmos, limit=args.limit)
+    evaluation = evaluate(ck.model, pairs, out, dnsmos=dnsmos, limit=args.limit)
     evaluation["pairs_root"] = args.pairs
     rows = read_csv(run / "metrics.csv")
     training = {**ck.training, "evaluation": {"pairs": args.pairs, "summary": evaluation["summary"]}}

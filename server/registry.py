@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections.abc import Callable
@@ -17,6 +18,8 @@ from models.checkpoint import read_metadata
 from models.pretrained import load_pretrained, pretrained_path
 from server.config import ServerConfig
 from server.errors import ApiError, without_paths
+
+log = logging.getLogger("server")
 
 
 @dataclass
@@ -76,9 +79,14 @@ def load_models(config: ServerConfig) -> dict[str, LoadedModel]:
             raise CheckpointError(f"two models are named '{name}' (give one an alias: ALIAS=PATH)")
         ck.model.eval()
         try:
-            backend = streaming_backend(ck.model, config.stream_backend)
-        except ValueError as exc:
-            raise CheckpointError(f"model '{name}': {exc}") from None
+            backend = streaming_backend(ck.model, config.stream_backend, threads=torch.get_num_threads())
+        except Exception as exc:  # only streams need it: 'auto' falls back to PyTorch, a named one must work
+            if config.stream_backend != "auto":
+                raise CheckpointError(
+                    f"model '{name}': stream backend {config.stream_backend}: {exc}"
+                ) from None
+            log.warning("model '%s': no TorchScript step (%s); streams run on PyTorch", name, exc)
+            backend = None
         loaded[name] = LoadedModel(name, ck, source, backend)
 
     for name in config.model_specs:

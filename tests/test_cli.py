@@ -253,6 +253,8 @@ def test_usage_errors_exit_2(tmp_path: Path, ckpt: str) -> None:
     assert cli("x.wav", "--checkpoint", str(tmp_path / "nope.safetensors")).returncode == 2
     proc = cli("x.wav", "--checkpoint", ckpt, "--competition-map", "m.jpg")
     assert proc.returncode == 2 and b".png or .npz" in proc.stderr
+    proc = cli("x.wav", "--checkpoint", ckpt, "--stream-backend", "pytorch")
+    assert proc.returncode == 2 and b"--stream-backend needs --stream" in proc.stderr
 
 
 @pytest.mark.parametrize("backend", ["auto", "pytorch"])  # auto: torchscript here

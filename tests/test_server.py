@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 import os
@@ -29,7 +30,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from enhance.competition_map import entropy
 from enhance.offline import enhance_audio
-from models import Enhancer, load_checkpoint
+from models import CheckpointError, Enhancer, get_config, load_checkpoint, save_checkpoint
 from server.app import create_app
 from server.config import ServerConfig
 from server.errors import without_paths
@@ -428,6 +429,22 @@ def test_stream_with_the_pytorch_backend(checkpoint: Path, model: Enhancer) -> N
     assert done == {"type": "done", "samples": x.shape[0]}
     y = np.frombuffer(out, "<f4").reshape(-1, 1)
     assert np.abs(y - _offline(model, x, 16000)).max() <= 1e-5
+
+
+def test_stream_backend_when_the_model_cannot_be_traced(tmp_path: Path) -> None:
+    """A model the fixed step does not cover (no lookahead) still loads: with 'auto' its streams run on PyTorch;
+    a backend named explicitly that cannot run is a load error that says why."""
+    from server.registry import load_models
+
+    cfg = get_config("tiny")
+    cfg = dataclasses.replace(cfg, pre_encoder=dataclasses.replace(cfg.pre_encoder, lookahead_frames=0))
+    path = tmp_path / "no-lookahead.safetensors"
+    save_checkpoint(path, Enhancer(cfg), "no-lookahead")
+    loaded = load_models(ServerConfig(checkpoints=(str(path),)))
+    assert loaded["no-lookahead"].stream_backend is None
+    assert load_models(ServerConfig(checkpoints=(str(path),), stream_backend="pytorch"))["no-lookahead"]
+    with pytest.raises(CheckpointError, match="lookahead of one frame"):
+        load_models(ServerConfig(checkpoints=(str(path),), stream_backend="torchscript"))
 
 
 def test_stream_limits(checkpoint: Path) -> None:

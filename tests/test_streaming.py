@@ -246,6 +246,10 @@ def test_fixed_step_backends_refuse_a_zero_context() -> None:
         TracedStepper(model)
 
 
+def _without_lookahead(cfg):
+    return dataclasses.replace(cfg, pre_encoder=dataclasses.replace(cfg.pre_encoder, lookahead_frames=0))
+
+
 def test_backend_choice() -> None:
     from enhance.backends import resolve_backend, streaming_backend
     from enhance.fixed_step import TracedStepper
@@ -256,9 +260,14 @@ def test_backend_choice() -> None:
     assert streaming_backend(model, "pytorch") is None
     assert resolve_backend(model.double(), "auto") == "pytorch"  # the fixed step is float32
     unbounded = Enhancer(tiny_config(2, context_frames=0)).eval()
-    assert resolve_backend(unbounded, "auto") == "pytorch"
-    with pytest.raises(ValueError, match="context_frames"):
-        streaming_backend(unbounded, "torchscript")
+    no_lookahead = Enhancer(_without_lookahead(tiny_config(2))).eval()
+    for model_ in (
+        unbounded,
+        no_lookahead,
+    ):  # the fixed step is written for these: auto falls back to PyTorch
+        assert resolve_backend(model_, "auto") == "pytorch"
+        with pytest.raises(ValueError, match="use --stream-backend pytorch"):
+            streaming_backend(model_, "torchscript")
     with pytest.raises(ValueError, match="unknown streaming backend"):
         resolve_backend(model, "tensorrt")
 
