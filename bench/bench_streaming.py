@@ -67,6 +67,7 @@ def run_system(name: str, seconds: float, model_args: dict[str, str]) -> dict:
     if name.startswith("tim-enhance"):
         import torch
 
+        from enhance.backends import streaming_backend
         from enhance.streaming import StreamingEnhancer
         from models.checkpoint import load_checkpoint
         from models.pretrained import load_pretrained
@@ -77,19 +78,10 @@ def run_system(name: str, seconds: float, model_args: dict[str, str]) -> dict:
             if model_args.get("checkpoint")
             else load_pretrained(model_args["model"])
         )
-        backend = None
-        if "onnxruntime" in name:
-            import tempfile
-
-            from enhance.onnx_backend import OnnxStepper, export_step
-
-            path = export_step(ck.model, Path(tempfile.mkdtemp()) / "step.onnx")
-            backend = OnnxStepper(path, ck.model, threads=1)
-        elif "TorchScript" in name:
-            from enhance.fixed_step import TracedStepper
-
-            backend = TracedStepper(ck.model)
-        engine = StreamingEnhancer(ck.model, backend=backend)
+        kind = (
+            "onnxruntime" if "onnxruntime" in name else "torchscript" if "TorchScript" in name else "pytorch"
+        )
+        engine = StreamingEnhancer(ck.model, backend=streaming_backend(ck.model, kind, threads=1))
         step, rate = ck.config.stft.hop_length, ck.config.stft.sample_rate
         hop = 2 * step if "32 ms" in name else step  # 2 hops per call: weights read once per 2 frames
         for i in range(

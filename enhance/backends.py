@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from models.enhancer import Enhancer
+from models.static_step import unsupported
 
 BACKENDS = ("auto", "pytorch", "torchscript", "onnxruntime")
 
@@ -36,16 +37,11 @@ def resolve_backend(model: Enhancer, name: str = "auto") -> str:
     if name not in BACKENDS:
         raise ValueError(f"unknown streaming backend '{name}' (choose from {', '.join(BACKENDS)})")
     param = next(model.parameters())
-    fixed_ok = (
-        param.device.type == "cpu" and model.cfg.context_frames >= 1 and model.cfg.lookahead_frames == 1
-    )
+    reason = "it runs on the CPU" if param.device.type != "cpu" else unsupported(model)
     if name == "auto":
-        return "torchscript" if fixed_ok and param.dtype == torch.float32 else "pytorch"
-    if name != "pytorch" and not fixed_ok:
-        raise ValueError(
-            f"the {name} backend runs a fixed-shape step on the CPU: it needs a CPU model with context_frames "
-            "> 0 and a lookahead of one frame (use --stream-backend pytorch)"
-        )
+        return "torchscript" if reason is None and param.dtype == torch.float32 else "pytorch"
+    if name != "pytorch" and reason is not None:
+        raise ValueError(f"the {name} backend cannot run this model: {reason} (use --stream-backend pytorch)")
     return name
 
 

@@ -26,14 +26,11 @@ from models.static_step import StaticStep
 
 @dataclass
 class FixedState:
-    """One stream's state: per channel, the step's tensors (conv caches and the k/v(/u) ring buffers); shared by
-    the channels, which frame each ring slot holds (-1: empty), the slot the next frame is written to, and how
-    many frames have gone through the step."""
+    """One stream's state: per channel, the step's tensors (conv caches and the k/v(/u) ring buffers); whether
+    frame 0 has arrived; and how many frames have gone through the step (one output frame each). Frame f sits in
+    ring slot ``f % context_frames``, so which frame each slot holds follows from ``frames_out``."""
 
     channels: list[dict[str, np.ndarray]] = field(default_factory=list)
-    ring_frame: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    slot: int = 0
-    frames_run: int = 0
     started: bool = False
     frames_out: int = 0
 
@@ -47,9 +44,7 @@ class FixedStepper:
     max_frames = 1
 
     def __init__(self, model: Enhancer) -> None:
-        if model.cfg.context_frames < 1:
-            raise ValueError("the fixed-shape step needs context_frames >= 1; use the PyTorch backend")
-        self.static = StaticStep(model)
+        self.static = StaticStep(model)  # raises for a model it does not cover
         self.n_bins = model.cfg.pre_encoder.n_bins
         self.n_maps = len(model.competition_blocks)
         self.context = model.cfg.context_frames
@@ -65,18 +60,19 @@ class FixedStepper:
                 if name != "mask"
             }
 
-        return FixedState([one() for _ in range(batch)], ring_frame=np.full(self.context, -1, np.int64))
+        return FixedState([one() for _ in range(batch)])
 
     def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         """One call of the traced/exported step: inputs by name -> outputs in :class:`StaticStep`'s order."""
         raise NotImplementedError
 
-    def _mask(self, state: FixedState, n: int) -> np.ndarray:
-        """[n, C + n]: new frame i (stream frame ``frames_run + i``) sees the filled ring slots no more than
-        ``context_frames`` before it, and new frames 0 ... i."""
-        t = state.frames_run + np.arange(n)
-        filled = state.ring_frame >= 0
-        ring = filled[None, :] & (state.ring_frame[None, :] >= (t[:, None] - self.context))
+    def _mask(self, done: int, n: int) -> np.ndarray:
+        """[n, C + n] after ``done`` frames: new frame i (frame ``done + i``) sees the ring slots holding frames
+        ``done + i - C`` ... ``done - 1`` (slot s holds the last frame f < done with f % C == s, if any), and new
+        frames 0 ... i."""
+        held = done - 1 - (done - 1 - np.arange(self.context)) % self.context  # < 0: empty slot
+        t = done + np.arange(n)
+        ring = (held[None, :] >= 0) & (held[None, :] >= t[:, None] - self.context)
         return np.concatenate([ring, np.tri(n, dtype=bool)], axis=1)
 
     def _run(
@@ -88,9 +84,7 @@ class FixedStepper:
         for name, new in zip(self.conv_names, result[n_head : n_head + len(self.conv_names)], strict=True):
             tensors[name] = np.ascontiguousarray(new)  # a slice in the step: strides must match the trace
         rest = result[n_head + len(self.conv_names) :]
-        for name, new in zip(
-            self.ring_names, rest, strict=True
-        ):  # the oldest slots: their frames left the window
+        for name, new in zip(self.ring_names, rest, strict=True):  # into the oldest slots
             if name.startswith("k_"):  # keys are stored transposed: [B, H, Dh, C]
                 tensors[name][..., slots] = new
             else:
@@ -122,21 +116,18 @@ class FixedStepper:
         for start in range(0, x.shape[1], size):
             group = x[:, start : start + size]
             n = group.shape[1]
-            mask = self._mask(state, n)
-            slots = (state.slot + np.arange(n)) % self.context
+            mask = self._mask(state.frames_out, n)
+            slots = (state.frames_out + np.arange(n)) % self.context
             per_channel = [
                 self._run(np.ascontiguousarray(group[b : b + 1]), tensors, mask, slots)
                 for b, tensors in enumerate(state.channels)
             ]
-            state.ring_frame[slots] = state.frames_run + np.arange(n)
-            state.slot = (state.slot + n) % self.context
-            state.frames_run += n
+            state.frames_out += n
             outs.append(np.concatenate([r[0] for r in per_channel], axis=0))
             if return_competition:
                 for i, store in enumerate(maps):
                     store.append(np.concatenate([r[1 + i] for r in per_channel], axis=0))
         log_mag = np.concatenate(outs, axis=1) if outs else np.zeros((x.shape[0], 0, self.n_bins), np.float32)
-        state.frames_out += log_mag.shape[1]
         competition = (
             [torch.from_numpy(np.concatenate(m, axis=1)) for m in maps]
             if return_competition and outs

@@ -35,11 +35,22 @@ from models.pre_encoder import ConvBlock
 from models.tim_layer import TIMLayer
 
 
+def unsupported(model: Enhancer) -> str | None:
+    """Why the fixed-shape step cannot run ``model`` (None: it can): it keeps a ring of ``context_frames`` >= 1
+    slots and is written for a lookahead of one frame."""
+    if model.cfg.context_frames < 1:
+        return "the fixed-shape step needs context_frames >= 1"
+    if model.cfg.lookahead_frames != 1:
+        return "the fixed-shape step is written for a lookahead of one frame"
+    return None
+
+
 class StaticStep(nn.Module):
     def __init__(self, model: Enhancer) -> None:
         super().__init__()
-        if model.cfg.lookahead_frames != 1:
-            raise ValueError("the fixed-shape step is written for a lookahead of one frame")
+        reason = unsupported(model)
+        if reason is not None:
+            raise ValueError(f"{reason}; use the PyTorch backend")
         self.model = model
         self.n_conv = len(model.pre_encoder.blocks)
         self.n_layers = len(model.layers)
