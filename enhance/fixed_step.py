@@ -7,7 +7,7 @@ contract of :meth:`models.enhancer.Enhancer.step` and plugs into :class:`enhance
 ``backend``. Runners:
 
 * :class:`TracedStepper`: the step traced and frozen with TorchScript (no Python per op), up to 64 frames per call;
-* :class:`enhance.onnx_backend.OnnxStepper`: the step exported to ONNX with one frame, run with onnxruntime.
+* :class:`enhance.onnx_backend.OnnxStepper`: the step exported to ONNX, run with onnxruntime, also up to 64 frames.
 
 Both equal the PyTorch step to float32 rounding (tested).
 """
@@ -30,7 +30,7 @@ class FixedState:
     frame 0 has arrived; and how many frames have gone through the step (one output frame each). Frame f sits in
     ring slot ``f % context_frames``, so which frame each slot holds follows from ``frames_out``."""
 
-    channels: list[dict[str, np.ndarray]] = field(default_factory=list)
+    channels: list[dict[str, torch.Tensor]] = field(default_factory=list)
     started: bool = False
     frames_out: int = 0
 
@@ -38,8 +38,9 @@ class FixedState:
 class FixedStepper:
     """The host of a fixed-shape step: :meth:`Enhancer.step`'s contract (frames in, the output frames they
     complete out) on top of :meth:`run`, which subclasses implement (onnxruntime, TorchScript). A call's frames
-    go through the step ``min(max_frames, context_frames)`` at a time (ONNX: 1; TorchScript: up to 64, so that
-    large chunks read the weights once per call instead of once per frame; never more than the ring's slots)."""
+    go through the step ``min(max_frames, context_frames)`` at a time (TorchScript and ONNX: up to 64, so that
+    large chunks read the weights once per call instead of once per frame; never more than the ring's slots).
+    The host works on float32 CPU tensors in place (the per-hop cost of a real-time stream is mostly fixed costs)."""
 
     max_frames = 1
 
@@ -51,44 +52,51 @@ class FixedStepper:
         names = [name for name, _ in self.static.state_shapes(1)]
         self.conv_names = [n for n in names if n.startswith("conv_")]
         self.ring_names = [n for n in names if n != "mask" and not n.startswith("conv_")]
+        # a full ring and one new frame: every slot is within the frame's context (the common real-time case)
+        self._open_mask = torch.zeros(1, self.context + 1)
 
     def new_state(self, batch: int) -> FixedState:
-        def one() -> dict[str, np.ndarray]:
-            return {
-                name: np.zeros(shape, np.float32)
-                for name, shape in self.static.state_shapes(1)
-                if name != "mask"
-            }
+        def one() -> dict[str, torch.Tensor]:
+            return {name: torch.zeros(shape) for name, shape in self.static.state_shapes(1) if name != "mask"}
 
         return FixedState([one() for _ in range(batch)])
 
-    def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def run(self, feed: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         """One call of the traced/exported step: inputs by name -> outputs in :class:`StaticStep`'s order."""
         raise NotImplementedError
 
-    def _mask(self, done: int, n: int) -> np.ndarray:
-        """[n, C + n] after ``done`` frames: new frame i (frame ``done + i``) sees the ring slots holding frames
-        ``done + i - C`` ... ``done - 1`` (slot s holds the last frame f < done with f % C == s, if any), and new
-        frames 0 ... i."""
+    def _mask(self, done: int, n: int) -> torch.Tensor:
+        """Additive mask [n, C + n] after ``done`` frames (0: visible, -inf: hidden): new frame i (frame
+        ``done + i``) sees the ring slots holding frames ``done + i - C`` ... ``done - 1`` (slot s holds the last
+        frame f < done with f % C == s, if any), and new frames 0 ... i."""
+        if n == 1 and done >= self.context:
+            return self._open_mask
         held = done - 1 - (done - 1 - np.arange(self.context)) % self.context  # < 0: empty slot
         t = done + np.arange(n)
         ring = (held[None, :] >= 0) & (held[None, :] >= t[:, None] - self.context)
-        return np.concatenate([ring, np.tri(n, dtype=bool)], axis=1)
+        visible = np.concatenate([ring, np.tri(n, dtype=bool)], axis=1)
+        return torch.from_numpy(np.where(visible, 0.0, -np.inf).astype(np.float32))
 
     def _run(
-        self, frames: np.ndarray, tensors: dict[str, np.ndarray], mask: np.ndarray, slots: np.ndarray
-    ) -> list[np.ndarray]:
-        """``frames`` [1, n, F] of one channel; updates ``tensors`` in place; returns (log_mag, maps...)."""
+        self, frames: torch.Tensor, tensors: dict[str, torch.Tensor], mask: torch.Tensor, first_slot: int
+    ) -> list[torch.Tensor]:
+        """``frames`` [1, n, F] of one channel; updates ``tensors`` in place; returns (log_mag, maps...). The new
+        frames go to slots ``first_slot ...`` (mod C)."""
         result = self.run({"feat": frames, "mask": mask, **tensors})
         n_head = 1 + self.n_maps
         for name, new in zip(self.conv_names, result[n_head : n_head + len(self.conv_names)], strict=True):
-            tensors[name] = np.ascontiguousarray(new)  # a slice in the step: strides must match the trace
+            tensors[name] = new.contiguous()  # a slice in the step: strides must match the trace
+        n = frames.shape[1]
+        wrap = first_slot + n > self.context
+        slots = torch.arange(first_slot, first_slot + n) % self.context if wrap else None
         rest = result[n_head + len(self.conv_names) :]
         for name, new in zip(self.ring_names, rest, strict=True):  # into the oldest slots
-            if name.startswith("k_"):  # keys are stored transposed: [B, H, Dh, C]
-                tensors[name][..., slots] = new
+            ring = tensors[name]
+            dim = 3 if name.startswith("k_") else 2  # keys are stored transposed: [B, H, Dh, C]
+            if slots is None:
+                ring.narrow(dim, first_slot, n).copy_(new)
             else:
-                tensors[name][:, :, slots] = new
+                ring.index_copy_(dim, slots, new)
         return result[:n_head]
 
     def step(
@@ -98,42 +106,37 @@ class FixedStepper:
         final: bool = False,
         return_competition: bool = False,
     ) -> tuple[EnhancerOutput, FixedState]:
-        x = feats.detach().float().cpu().numpy()
+        x = feats.detach().to("cpu", torch.float32)
         state = state or self.new_state(x.shape[0])
         if final and (state.started or x.shape[1]):  # the end's zero padding
-            x = np.concatenate([x, np.zeros((x.shape[0], 1, self.n_bins), np.float32)], axis=1)
+            x = torch.cat([x, x.new_zeros(x.shape[0], 1, self.n_bins)], dim=1)
         if not state.started and x.shape[1]:  # frame 0: nothing to output before its lookahead frame arrives
             for b, tensors in enumerate(state.channels):
                 conv0 = tensors["conv_0"]
-                tensors["conv_0"] = np.concatenate(
-                    [conv0[:, :, 1:], x[b : b + 1, :1].transpose(0, 2, 1)], axis=2
-                )
+                tensors["conv_0"] = torch.cat([conv0[:, :, 1:], x[b : b + 1, :1].transpose(1, 2)], dim=2)
             state.started = True
             x = x[:, 1:]
-        outs: list[np.ndarray] = []
-        maps: list[list[np.ndarray]] = [[] for _ in range(self.n_maps)]
+        outs: list[torch.Tensor] = []
+        maps: list[list[torch.Tensor]] = [[] for _ in range(self.n_maps)]
         size = min(self.max_frames, self.context)  # a step's new frames must fit in the ring's oldest slots
         for start in range(0, x.shape[1], size):
             group = x[:, start : start + size]
             n = group.shape[1]
             mask = self._mask(state.frames_out, n)
-            slots = (state.frames_out + np.arange(n)) % self.context
             per_channel = [
-                self._run(np.ascontiguousarray(group[b : b + 1]), tensors, mask, slots)
+                self._run(group[b : b + 1].contiguous(), tensors, mask, state.frames_out % self.context)
                 for b, tensors in enumerate(state.channels)
             ]
             state.frames_out += n
-            outs.append(np.concatenate([r[0] for r in per_channel], axis=0))
+            outs.append(
+                per_channel[0][0] if len(per_channel) == 1 else torch.cat([r[0] for r in per_channel])
+            )
             if return_competition:
                 for i, store in enumerate(maps):
-                    store.append(np.concatenate([r[1 + i] for r in per_channel], axis=0))
-        log_mag = np.concatenate(outs, axis=1) if outs else np.zeros((x.shape[0], 0, self.n_bins), np.float32)
-        competition = (
-            [torch.from_numpy(np.concatenate(m, axis=1)) for m in maps]
-            if return_competition and outs
-            else None
-        )
-        return EnhancerOutput(torch.from_numpy(log_mag), competition), state
+                    store.append(torch.cat([r[1 + i] for r in per_channel], dim=0))
+        log_mag = torch.cat(outs, dim=1) if outs else x.new_zeros(x.shape[0], 0, self.n_bins)
+        competition = [torch.cat(m, dim=1) for m in maps] if return_competition and outs else None
+        return EnhancerOutput(log_mag, competition), state
 
 
 class TracedStepper(FixedStepper):
@@ -149,15 +152,13 @@ class TracedStepper(FixedStepper):
         ).eval()  # float32, without converting the caller's model
         # traced with 2 new frames: the number of frames per call stays free (sizes are traced, not baked in)
         example = [torch.zeros(1, 2, self.n_bins)] + [
-            torch.ones(s, dtype=torch.bool) if name == "mask" else torch.zeros(s)
-            for name, s in step.state_shapes(1, frames=2)
+            torch.zeros(s) for _, s in step.state_shapes(1, frames=2)
         ]
         with torch.no_grad():
             traced = torch.jit.trace(step, tuple(example), check_trace=False)
             self.module = torch.jit.optimize_for_inference(torch.jit.freeze(traced.eval()))
         self.names = ["feat"] + [name for name, _ in step.state_shapes(1)]
 
-    def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def run(self, feed: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         with torch.inference_mode():
-            out = self.module(*(torch.from_numpy(feed[n]) for n in self.names))
-        return [t.numpy() for t in out]
+            return list(self.module(*(feed[n] for n in self.names)))

@@ -14,7 +14,6 @@ import copy
 import os
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from enhance.audio_io import atomic_path
@@ -24,18 +23,16 @@ from models.static_step import StaticStep
 
 
 def export_step(model: Enhancer, path: str | os.PathLike[str], opset: int = 17) -> Path:
-    """Write the one-frame step of ``model`` (float32, one channel: fixed shapes let onnxruntime fold every shape
-    computation) to ``path``, atomically.
+    """Write the step of ``model`` (float32, one channel, any number of new frames per call) to ``path``,
+    atomically.
 
     The step is exported from a float32 copy in eval mode (a new module is in training mode: without the explicit
     eval() below, dropout would be switched on); the caller's model is left as it was.
     """
     step = StaticStep(copy.deepcopy(model).float()).eval()  # float32, without converting the caller's model
-    shapes = step.state_shapes(batch=1)
+    shapes = step.state_shapes(batch=1, frames=2)  # exported with 2 new frames; the number stays free
     n_bins = model.cfg.pre_encoder.n_bins
-    inputs = [torch.zeros(1, 1, n_bins)] + [
-        torch.ones(s, dtype=torch.bool) if name == "mask" else torch.zeros(s) for name, s in shapes
-    ]
+    inputs = [torch.zeros(1, 2, n_bins)] + [torch.zeros(s) for _, s in shapes]
     n_maps = len(model.competition_blocks)
     input_names = ["feat"] + [name for name, _ in shapes]
     output_names = (
@@ -43,6 +40,12 @@ def export_step(model: Enhancer, path: str | os.PathLike[str], opset: int = 17) 
         + [f"competition_{i}" for i in range(n_maps)]
         + [f"new_{name}" for name, _ in shapes if name != "mask"]
     )
+    # the axes that count new frames (the state's other sizes are fixed)
+    dynamic = {"feat": {1: "frames"}, "mask": {0: "frames", 1: "slots_and_frames"}, "log_mag": {1: "frames"}}
+    dynamic.update({f"competition_{i}": {1: "frames"} for i in range(n_maps)})
+    for name, _ in shapes:
+        if name.startswith(("k_", "v_", "u_")):
+            dynamic[f"new_{name}"] = {3 if name.startswith("k_") else 2: "frames"}
     with atomic_path(path) as tmp, torch.no_grad():
         torch.onnx.export(
             step,
@@ -50,6 +53,7 @@ def export_step(model: Enhancer, path: str | os.PathLike[str], opset: int = 17) 
             tmp,
             input_names=input_names,
             output_names=output_names,
+            dynamic_axes=dynamic,
             opset_version=opset,
             dynamo=False,
         )
@@ -57,7 +61,10 @@ def export_step(model: Enhancer, path: str | os.PathLike[str], opset: int = 17) 
 
 
 class OnnxStepper(FixedStepper):
-    """Runs an exported step with onnxruntime (CPU, ``threads`` intra-op threads), one channel at a time."""
+    """Runs an exported step with onnxruntime (CPU, ``threads`` intra-op threads), one channel at a time, up to 64
+    frames per call (like :class:`enhance.fixed_step.TracedStepper`)."""
+
+    max_frames = 64
 
     def __init__(self, path: str | os.PathLike[str], model: Enhancer, threads: int = 1) -> None:
         import onnxruntime as ort
@@ -68,8 +75,9 @@ class OnnxStepper(FixedStepper):
         opts.inter_op_num_threads = 1
         self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
-    def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return list(self.session.run(None, feed))
+    def run(self, feed: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        outs = self.session.run(None, {name: t.numpy() for name, t in feed.items()})
+        return [torch.from_numpy(o) for o in outs]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ Framing (shared by the offline and the streaming engines, so that both give the 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -46,10 +47,14 @@ class STFTConfig:
         return 1000.0 * frames * self.hop_length / self.sample_rate
 
 
+@functools.lru_cache(maxsize=16)
 def sqrt_hann(
     win_length: int, dtype: torch.dtype = torch.float32, device: torch.device | None = None
 ) -> torch.Tensor:
-    return torch.hann_window(win_length, periodic=True, dtype=dtype, device=device).sqrt()
+    """Shared (cached: a streaming hop would otherwise build it twice), so never modify it in place. Built as a
+    normal tensor even under inference mode, so that autograd can use it later."""
+    with torch.inference_mode(False):
+        return torch.hann_window(win_length, periodic=True, dtype=dtype, device=device).sqrt()
 
 
 def analysis_frames(padded: torch.Tensor, cfg: STFTConfig) -> torch.Tensor:

@@ -146,8 +146,8 @@ class StaticKV(NamedTuple):
     ``k`` [B, H, Dh, C] (transposed, so that the queries' product with it reads contiguous memory) and ``v``
     [B, H, C, Dh] hold the keys/values of the last ``context_frames`` (C) frames in any slot order (attention does
     not depend on the order of its keys), and ``u`` [B, G, C, d/G] (MAE layers) the gate inputs of the same frames.
-    ``mask`` [T, C + T] says what each of the T new frames may see: which ring slots (filled, and within its
-    context), then which new frames (itself and the ones before it). The step only reads the ring: it returns the
+    ``mask`` [T, C + T] (additive: 0 where visible, -inf where hidden) says what each of the T new frames may see:
+    which ring slots (filled, and within its context), then which new frames (itself and the ones before it). The step only reads the ring: it returns the
     new frames' k [B, H, Dh, T], v and u [.., T, ..] and the host writes those into the oldest slots, so no step
     copies the cache (:mod:`enhance.fixed_step`).
     """
@@ -209,14 +209,14 @@ class MultiHeadAttention(nn.Module):
             q = q * self.cfg.head_dim**-0.5
             cached = torch.matmul(q, cache.k)  # [B, H, T, C]: the ring stores keys transposed [B, H, Dh, C]
             current = torch.matmul(q, k.transpose(-1, -2))  # [B, H, T, T]
-            scores = torch.cat([cached, current], dim=-1).masked_fill(~cache.mask, float("-inf"))
+            scores = torch.cat([cached, current], dim=-1) + cache.mask  # additive: 0 visible, -inf hidden
             probs = torch.softmax(scores, dim=-1)
             n_slots = cached.shape[-1]
             y = torch.matmul(probs[..., :n_slots], cache.v) + torch.matmul(probs[..., n_slots:], v)
             mean = None
             if u is not None:
                 assert cache.u is not None, "an MAE layer's static cache needs the gate inputs u"
-                w = cache.mask.to(u.dtype)  # [T, C + T]: the frames each query sees, the gate's window
+                w = (cache.mask == 0).to(u.dtype)  # [T, C + T]: the frames each query sees, the gate's window
                 total = torch.matmul(w[:, :n_slots], cache.u) + torch.matmul(w[:, n_slots:], u)
                 mean = total / w.sum(dim=-1, keepdim=True)
             # the new frames' entries, for the host to store

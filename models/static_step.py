@@ -4,8 +4,9 @@ T output frames out.
 State tensors (B = 1: the host runs each channel on its own; C = ``context_frames``):
 
     conv_i   [B, C_in_i, kernel_size - 1]   last inputs of pre-encoder conv i (conv 0: the last two feature frames)
-    mask     [T, C + T] bool                what each new frame may see: ring slots that are filled and within its
-                                            context, then the new frames up to itself (the host computes it)
+    mask     [T, C + T] float               what each new frame may see, added to the attention scores (0: seen,
+                                            -inf: not): ring slots that are filled and within its context, then
+                                            the new frames up to itself (the host computes it)
     k_j      [B, H, Dh, C]                  keys of block j's attention, stored transposed (a contiguous q @ K):
                                             a ring buffer, any slot order
     v_j      [B, H, C, Dh]                  values of the same frames, same slots

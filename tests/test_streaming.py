@@ -208,31 +208,40 @@ def test_torchscript_backend_equals_pytorch(name: str) -> None:
         assert np.abs(engine.competition()[0] - ref.competition[0]).max() < 1e-5
 
 
+@pytest.mark.parametrize("backend", ["torchscript", "onnxruntime"])
 @pytest.mark.parametrize("mae", [False, True])
 @pytest.mark.parametrize("context", [4, 100])
-def test_torchscript_backend_runs_many_frames_per_call(mae: bool, context: int) -> None:
-    """Large chunks go through the traced step up to 64 frames at a time (at most ``context`` frames, so the new
-    frames fit in the ring's oldest slots); the masks keep every frame's view to its own context."""
-    from enhance.fixed_step import TracedStepper
+def test_fixed_step_backends_run_many_frames_per_call(mae: bool, context: int, backend: str) -> None:
+    """Large chunks go through the traced or exported step up to 64 frames at a time (at most ``context`` frames,
+    so the new frames fit in the ring's oldest slots); the masks keep every frame's view to its own context."""
+    from enhance.backends import streaming_backend
     from models.mae import MAEConfig
     from models.registry import with_mae
 
+    if backend == "onnxruntime":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnx")
     cfg = tiny_config(2, context_frames=context)
     torch.manual_seed(0)
     model = Enhancer(with_mae(cfg, MAEConfig(hidden=8)) if mae else cfg).eval()
     x = (np.random.default_rng(2).standard_normal((1, 48000)) * 0.1).astype(np.float32)  # 188 frames
     ref = enhance_waveform(model, x, return_competition=True)
-    engine = StreamingEnhancer(model, 1, with_competition=True, backend=TracedStepper(model))
-    calls = []
-    backend_step = engine.backend.step
+    engine = StreamingEnhancer(model, 1, with_competition=True, backend=streaming_backend(model, backend))
+    calls, step_frames = [], []
+    backend_step, backend_run = engine.backend.step, engine.backend.run
 
-    def counting_step(feats, *args, **kwargs):  # records how many frames each call brought
+    def counting_step(feats, *args, **kwargs):  # records how many frames each engine call brought
         calls.append(feats.shape[1])
         return backend_step(feats, *args, **kwargs)
 
-    engine.backend.step = counting_step
+    def counting_run(feed):  # and how many went through each call of the step itself
+        step_frames.append(feed["feat"].shape[1])
+        return backend_run(feed)
+
+    engine.backend.step, engine.backend.run = counting_step, counting_run
     y, _ = _stream(engine, x, [20000, 256, 27744])
     assert max(calls) >= 78  # 20000 samples: 78 frames in one engine call (64 + 14 through the step)
+    assert max(step_frames) == min(64, context)
     assert np.abs(y - ref.wav).max() < 1e-5
     assert ref.competition is not None
     assert np.abs(engine.competition()[0] - ref.competition[0]).max() < 1e-5

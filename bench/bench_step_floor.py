@@ -1,0 +1,184 @@
+"""Where a streaming hop's time goes, against the floor set by reading the weights (issue 5).
+
+    python bench/bench_step_floor.py [--model default | --checkpoint PATH] [--compile]
+
+One frame of the model touches every weight once: a per-hop stream reads all of them (6M floats, 24 MB for the
+default model) every 16 ms. The first rows time exactly that and nothing else: one matrix-vector product per weight
+matrix of the model, in float32 and in bfloat16 and float16 copies (the model itself is float32), one CPU thread.
+That is a floor no per-hop float32 implementation on this machine can go below, whatever its operator overheads.
+The next rows time the traced step itself (the TorchScript backend's module, ``enhance.fixed_step``), the
+whole streaming engine per hop (STFT, host, step, overlap-add), and the same per frame when two frames share a call
+(32 ms chunks: each weight is read once for both). ``--compile`` adds the step compiled by torch.compile (inductor,
+C++ wrapper, frozen weights; needs a C++ compiler, about a minute to compile).
+
+Times are the fastest of 5 batches (the machine is shared; the minimum is the most repeatable statistic). The
+real-time factor column is the time per frame divided by the 16 ms hop. Prints a Markdown table and writes
+``bench/results/step-floor.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fastest(fn: Callable[[], object], calls: int, batches: int = 5) -> float:
+    """Seconds per call: the fastest of ``batches`` batches of ``calls`` calls, after a warm-up."""
+    for _ in range(max(10, calls // 10)):
+        fn()
+    best = float("inf")
+    for _ in range(batches):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--model", default="default")
+    g.add_argument("--checkpoint")
+    ap.add_argument("--calls", type=int, default=200, help="calls per timed batch")
+    ap.add_argument("--compile", action="store_true", help="also time the step compiled with torch.compile")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "step-floor.md"))
+    args = ap.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    from enhance.backends import streaming_backend
+    from enhance.streaming import StreamingEnhancer
+    from models.checkpoint import load_checkpoint
+    from models.group_linear import GroupLinear
+    from models.pretrained import load_pretrained
+    from models.static_step import StaticStep
+
+    torch.set_num_threads(1)
+    ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
+    model = ck.model.float().eval()
+    hop_ms = 1000.0 * model.cfg.stft.hop_length / model.cfg.stft.sample_rate
+    rows: list[tuple[str, float, int]] = []  # (what, seconds per call, frames per call)
+
+    with torch.inference_mode():
+        # every weight matrix as [out, in] (convs: out x in*k; group-linear weights: per group)
+        mats = []
+        for module in model.modules():
+            if isinstance(module, GroupLinear):  # [G, d_in, d_out]: one [d_out, d_in] matrix per group
+                mats += [w.t().contiguous() for w in module.weight.detach()]
+            elif isinstance(module, torch.nn.Conv1d | torch.nn.Linear):
+                mats.append(module.weight.detach().reshape(module.weight.shape[0], -1).contiguous())
+        n_weights = sum(m.numel() for m in mats)
+        for dtype, label in (
+            (torch.float32, "float32"),
+            (torch.bfloat16, "bfloat16"),
+            (torch.float16, "float16"),
+        ):
+            ws = [m.to(dtype) for m in mats]
+            for frames in (1, 2):
+                xs = [torch.randn(frames, w.shape[1], dtype=dtype) for w in ws]
+
+                def products(xs: list[torch.Tensor] = xs, ws: list[torch.Tensor] = ws) -> None:
+                    for x, w in zip(xs, ws, strict=True):
+                        torch.nn.functional.linear(x, w)
+
+                if dtype != torch.float32 and frames > 1:
+                    continue
+                rows.append(
+                    (f"weights only, {label} ({len(ws)} products)", fastest(products, args.calls), frames)
+                )
+
+        backend = streaming_backend(model, "torchscript")
+        step = StaticStep(copy.deepcopy(model)).eval()
+        for frames in (1, 2):
+            feed = {"feat": torch.randn(1, frames, model.cfg.pre_encoder.n_bins)}
+            feed.update(
+                {name: torch.zeros(shape) for name, shape in step.state_shapes(1, frames) if name != "mask"}
+            )
+            feed["mask"] = backend._mask(model.cfg.context_frames, frames)
+            rows.append(
+                (
+                    "traced step (TorchScript module)",
+                    fastest(lambda feed=feed: backend.run(feed), args.calls),
+                    frames,
+                )
+            )
+        if args.compile:
+            import torch._inductor.config as inductor
+
+            inductor.cpp_wrapper = True
+            inductor.freezing = True
+            compiled = torch.compile(step, dynamic=False, fullgraph=True)
+            feed = {"feat": torch.randn(1, 1, model.cfg.pre_encoder.n_bins)}
+            feed.update(
+                {name: torch.zeros(shape) for name, shape in step.state_shapes(1, 1) if name != "mask"}
+            )
+            feed["mask"] = backend._mask(model.cfg.context_frames, 1)
+            inputs = [feed[name] for name in backend.names]
+            start = time.perf_counter()
+            compiled(*inputs)
+            print(f"torch.compile took {time.perf_counter() - start:.0f} s", file=sys.stderr)
+            rows.append(
+                (
+                    "step compiled by torch.compile (inductor)",
+                    fastest(lambda: compiled(*inputs), args.calls),
+                    1,
+                )
+            )
+
+        rng = np.random.default_rng(0)
+        hop = model.cfg.stft.hop_length
+        for frames in (1, 2):
+            engine = StreamingEnhancer(model, backend=backend)
+            chunks = iter(
+                (0.05 * rng.standard_normal((1, hop * frames))).astype(np.float32)
+                for _ in range(args.calls * 6 + 200)
+            )
+            rows.append(
+                (
+                    "streaming engine, whole hop (TorchScript)",
+                    fastest(lambda engine=engine, chunks=chunks: engine.process(next(chunks)), args.calls),
+                    frames,
+                )
+            )
+
+    floor = rows[0][1]
+    lines = [
+        f"Step floor, one CPU thread, {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"{datetime.date.today().isoformat()}. Command: `python bench/bench_step_floor.py"
+        f"{' --compile' if args.compile else ''}`",
+        "",
+        f"The model has {n_weights / 1e6:.2f}M weights in matrices ({4 * n_weights / 2**20:.1f} MiB as float32). "
+        "Fastest of 5 batches per row; real-time factor = time per frame / 16 ms hop.",
+        "",
+        "| what | frames per call | ms per call | ms per frame | real-time factor | x float32 weight floor |",
+        "|---|---|---|---|---|---|",
+    ]
+    for what, seconds, frames in rows:
+        per_frame = 1000.0 * seconds / frames
+        lines.append(
+            f"| {what} | {frames} | {1000 * seconds:.3f} | {per_frame:.3f} | {per_frame / hop_ms:.3f} "
+            f"| {1000 * seconds / frames / (1000 * floor):.2f} |"
+        )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
