@@ -72,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-steps-per-epoch", type=int)
     g.add_argument("--segment-seconds", type=float)
     g.add_argument("--init-from", help="start from this checkpoint's weights (fresh optimizer)")
+    g.add_argument(
+        "--low-level-weight",
+        type=float,
+        help="weight of the extra log(|X| + floor) loss term (0: the paper's objective alone; experimental)",
+    )
     return p
 
 
@@ -94,6 +99,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
             "threads": args.threads,
             "max_steps_per_epoch": args.max_steps_per_epoch,
             "init_from": args.init_from,
+            "low_level_weight": args.low_level_weight,
         },
         "data": {
             "recipe": args.recipe,
