@@ -74,6 +74,14 @@ class OnnxStepper(FixedStepper):
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        feat, mask = inputs.get("feat"), inputs.get("mask")
+        if feat is None or mask is None or mask.type != "tensor(float)" or isinstance(feat.shape[1], int):
+            # files from before the multi-frame export: one frame per call and a boolean mask
+            raise ValueError(
+                f"{path} is not a step exported by this version of tim-enhance (it needs a float mask and a free "
+                f"number of frames); export it again: python -m enhance.onnx_backend --out {path}"
+            )
 
     def run(self, feed: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         outs = self.session.run(None, {name: t.numpy() for name, t in feed.items()})

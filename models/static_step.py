@@ -20,7 +20,7 @@ its windows of k frames.
 Frames t ... t + T - 1 in give output frames t - 1 ... t + T - 2 (the lookahead). The host
 (:mod:`enhance.fixed_step`) does what does not fit fixed shapes: it only stores frame 0 (nothing to output yet),
 and at the end feeds one zero feature frame, which is exactly the zero padding of the offline path
-(log1p|0| = 0). Same numbers as :meth:`Enhancer.forward`. T is fixed in an ONNX export (1) and free in the
+(log1p|0| = 0). Same numbers as :meth:`Enhancer.forward`. T is free in the ONNX export and in the
 TorchScript trace.
 """
 

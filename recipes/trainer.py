@@ -62,8 +62,13 @@ class TrainConfig:
     # an extra loss term, low_level_weight * MSE(log(|pred| + floor), log(|clean| + floor)) (0: the paper's objective
     # alone). log1p is almost linear below |X| ~ 1, so the paper's MSE barely sees residual noise in pauses; this
     # term counts errors there relatively (as dB), for over- and under-suppression alike. Experimental.
+    # Validation (val_loss, which picks best.safetensors) stays the paper's log1p MSE, so runs remain comparable.
     low_level_weight: float = 0.0
     low_level_floor: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.low_level_weight < 0 or self.low_level_floor <= 0:
+            raise ValueError("low_level_weight must be >= 0 and low_level_floor > 0")
 
 
 @dataclass(frozen=True)

@@ -610,3 +610,7 @@ def test_low_level_loss_term_adds_the_log_magnitude_error() -> None:
     low = torch.mean((torch.log(torch.expm1(pred.clamp(min=0)) + 0.02) - torch.log(clean_mag + 0.02)) ** 2)
     assert low > 0.01  # an untrained model: the term is not negligible, so the check below can fail
     assert torch.allclose(loss_fn(model, noisy, clean, False, 0.5, 0.02), plain + 0.5 * low, atol=1e-5)
+    from recipes.trainer import TrainConfig
+
+    with pytest.raises(ValueError, match="low_level_weight"):
+        TrainConfig(low_level_weight=-0.1)

@@ -302,3 +302,26 @@ def test_one_traced_backend_serves_concurrent_streams() -> None:
     for a, b in zip(alone, together, strict=True):
         assert np.array_equal(a, b)
     assert not np.allclose(alone[0], alone[1])  # different inputs, different outputs: the check can fail
+
+
+def test_onnx_backend_refuses_a_step_exported_by_an_older_version(tmp_path) -> None:
+    """Steps exported before the multi-frame export took one frame and a boolean mask: a clear error, not an
+    onnxruntime shape error in the middle of a stream."""
+    pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    from enhance.onnx_backend import OnnxStepper
+
+    model = _model("tiny")
+    feat = helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, 1, 257])
+    mask = helper.make_tensor_value_info("mask", TensorProto.BOOL, [1, 2])
+    out = helper.make_tensor_value_info("log_mag", TensorProto.FLOAT, [1, 1, 257])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["feat"], ["log_mag"])], "old", [feat, mask], [out]
+    )
+    path = tmp_path / "old.onnx"
+    old = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(old, str(path))
+    with pytest.raises(ValueError, match="export it again"):
+        OnnxStepper(path, model)
