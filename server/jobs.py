@@ -22,6 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from enhance.threads import inherit_threads
 from server.errors import ApiError
 from server.metrics import Metrics
 
@@ -124,6 +125,7 @@ class JobRunner:
         job = Job()
 
         def work() -> T:
+            inherit_threads()  # the server's --threads, also for OpenMP in this worker thread
             job.check()
             return fn(job)
 

@@ -23,6 +23,8 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import anyio.to_thread
 import numpy as np
@@ -33,6 +35,7 @@ from starlette.types import Message
 
 from enhance.audio_io import MODEL_RATE
 from enhance.streaming import StreamingEnhancer
+from enhance.threads import inherit_threads
 from server.audio import decode_pcm, encode_pcm
 from server.auth import key_from_headers, key_matches
 from server.errors import ApiError
@@ -45,6 +48,12 @@ UNSUPPORTED_DATA, POLICY, TRY_LATER = 1003, 1008, 1013
 START_TIMEOUT_S = 10.0  # for the first message (a connection holds a stream slot while it waits)
 INBOX_MESSAGES = 64  # messages read ahead of the model
 MAX_BATCH_S = 1.0  # most audio enhanced in one model call when frames queued up
+
+
+def _in_worker(fn: Callable[..., np.ndarray], *args: Any) -> np.ndarray:
+    """Run a stream's step in an anyio worker thread with the server's torch thread count (see enhance.threads)."""
+    inherit_threads()
+    return fn(*args)
 
 
 class StreamError(Exception):
@@ -246,7 +255,7 @@ async def _process(
                     "stream_too_long", f"stream longer than {state.config.max_stream_s:g} s", POLICY
                 )
             x = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=1)
-            y = await anyio.to_thread.run_sync(session.process, x)
+            y = await anyio.to_thread.run_sync(_in_worker, session.process, x)
             metrics.audio_seconds.inc(n / start.sample_rate, route="/v1/stream")
             if y.shape[1]:
                 await ws.send_bytes(encode_pcm(y, start.format))
@@ -259,7 +268,7 @@ async def _process(
             raise StreamError(
                 "bad_message", 'unknown message; send binary PCM or {"type": "end"}', UNSUPPORTED_DATA
             )
-        y = await anyio.to_thread.run_sync(session.finish)
+        y = await anyio.to_thread.run_sync(_in_worker, session.finish)
         if y.shape[1]:
             await ws.send_bytes(encode_pcm(y, start.format))
         await ws.send_json({"type": "done", "samples": session.sent})

@@ -286,6 +286,7 @@ def test_one_traced_backend_serves_concurrent_streams() -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from enhance.fixed_step import TracedStepper
+    from enhance.threads import inherit_threads
 
     model = _model("tiny").float()
     backend = TracedStepper(model)
@@ -293,6 +294,7 @@ def test_one_traced_backend_serves_concurrent_streams() -> None:
     inputs = [(rng.standard_normal((1, 4000)) * 0.1).astype(np.float32) for _ in range(4)]
 
     def run(x: np.ndarray) -> np.ndarray:
+        inherit_threads()  # as the server's worker threads do: without it a worker rounds differently (2e-7)
         engine = StreamingEnhancer(model, 1, backend=backend)
         return _stream(engine, x, [256] * 16)[0]
 
