@@ -19,7 +19,6 @@ real-time factor column is the time per frame divided by the 16 ms hop. Prints a
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime
 import os
 import platform
@@ -64,7 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     from models.checkpoint import load_checkpoint
     from models.group_linear import GroupLinear
     from models.pretrained import load_pretrained
-    from models.static_step import StaticStep
 
     torch.set_num_threads(1)
     ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
@@ -87,27 +85,27 @@ def main(argv: list[str] | None = None) -> int:
             (torch.float16, "float16"),
         ):
             ws = [m.to(dtype) for m in mats]
-            for frames in (1, 2):
+            for frames in (1, 2) if dtype == torch.float32 else (1,):
                 xs = [torch.randn(frames, w.shape[1], dtype=dtype) for w in ws]
 
                 def products(xs: list[torch.Tensor] = xs, ws: list[torch.Tensor] = ws) -> None:
                     for x, w in zip(xs, ws, strict=True):
                         torch.nn.functional.linear(x, w)
 
-                if dtype != torch.float32 and frames > 1:
-                    continue
                 rows.append(
                     (f"weights only, {label} ({len(ws)} products)", fastest(products, args.calls), frames)
                 )
 
         backend = streaming_backend(model, "torchscript")
-        step = StaticStep(copy.deepcopy(model)).eval()
+
+        def feed_for(frames: int) -> dict[str, torch.Tensor]:
+            """The traced step's inputs for ``frames`` new frames after a full ring (a new stream's state)."""
+            state = backend.new_state(1).channels[0]
+            mask = backend._mask(model.cfg.context_frames, frames)
+            return {"feat": torch.randn(1, frames, model.cfg.pre_encoder.n_bins), "mask": mask, **state}
+
         for frames in (1, 2):
-            feed = {"feat": torch.randn(1, frames, model.cfg.pre_encoder.n_bins)}
-            feed.update(
-                {name: torch.zeros(shape) for name, shape in step.state_shapes(1, frames) if name != "mask"}
-            )
-            feed["mask"] = backend._mask(model.cfg.context_frames, frames)
+            feed = feed_for(frames)
             rows.append(
                 (
                     "traced step (TorchScript module)",
@@ -120,12 +118,8 @@ def main(argv: list[str] | None = None) -> int:
 
             inductor.cpp_wrapper = True
             inductor.freezing = True
-            compiled = torch.compile(step, dynamic=False, fullgraph=True)
-            feed = {"feat": torch.randn(1, 1, model.cfg.pre_encoder.n_bins)}
-            feed.update(
-                {name: torch.zeros(shape) for name, shape in step.state_shapes(1, 1) if name != "mask"}
-            )
-            feed["mask"] = backend._mask(model.cfg.context_frames, 1)
+            compiled = torch.compile(backend.static, dynamic=False, fullgraph=True)
+            feed = feed_for(1)
             inputs = [feed[name] for name in backend.names]
             start = time.perf_counter()
             compiled(*inputs)

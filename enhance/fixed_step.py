@@ -128,9 +128,7 @@ class FixedStepper:
                 for b, tensors in enumerate(state.channels)
             ]
             state.frames_out += n
-            outs.append(
-                per_channel[0][0] if len(per_channel) == 1 else torch.cat([r[0] for r in per_channel])
-            )
+            outs.append(torch.cat([r[0] for r in per_channel]))
             if return_competition:
                 for i, store in enumerate(maps):
                     store.append(torch.cat([r[1 + i] for r in per_channel], dim=0))

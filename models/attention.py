@@ -147,9 +147,9 @@ class StaticKV(NamedTuple):
     [B, H, C, Dh] hold the keys/values of the last ``context_frames`` (C) frames in any slot order (attention does
     not depend on the order of its keys), and ``u`` [B, G, C, d/G] (MAE layers) the gate inputs of the same frames.
     ``mask`` [T, C + T] (additive: 0 where visible, -inf where hidden) says what each of the T new frames may see:
-    which ring slots (filled, and within its context), then which new frames (itself and the ones before it). The step only reads the ring: it returns the
-    new frames' k [B, H, Dh, T], v and u [.., T, ..] and the host writes those into the oldest slots, so no step
-    copies the cache (:mod:`enhance.fixed_step`).
+    which ring slots (filled, and within its context), then which new frames (itself and the ones before it). The
+    step only reads the ring: it returns the new frames' k [B, H, Dh, T], v and u [.., T, ..] and the host writes
+    those into the oldest slots, so no step copies the cache (:mod:`enhance.fixed_step`).
     """
 
     k: torch.Tensor
