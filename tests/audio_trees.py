@@ -151,3 +151,16 @@ def build_folders(root: Path, n_speech: int = 6, n_noise: int = 3, n_dev: int = 
         write(root / "devset" / "dev" / "clean" / f"{i:04d}.wav", c)
         write(root / "devset" / "dev" / "noisy" / f"{i:04d}.wav", mixture(c, noise(1.0, seed=850 + i), 5.0))
     return FolderTree(root / "speech", root / "noise", root / "devset", n_dev)
+
+
+def dev_pairs(root: Path, cleans: list[np.ndarray], noise_std: float, seed: int) -> Path:
+    """A dev-layout pairs tree under ``root`` (``dev/{clean,noisy}/NNNN.wav``, float WAV): each clean signal and
+    itself plus white noise of ``noise_std``. Returns ``root``."""
+    (root / "dev" / "clean").mkdir(parents=True)
+    (root / "dev" / "noisy").mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    for i, clean in enumerate(cleans):
+        noisy = clean + noise_std * rng.standard_normal(len(clean)).astype(np.float32)
+        sf.write(root / "dev" / "clean" / f"{i:04d}.wav", clean, RATE, subtype="FLOAT")
+        sf.write(root / "dev" / "noisy" / f"{i:04d}.wav", noisy, RATE, subtype="FLOAT")
+    return root

@@ -19,11 +19,10 @@ from types import ModuleType
 
 import numpy as np
 import pytest
-import soundfile as sf
-import torch
 
-import models
+from tests.audio_trees import dev_pairs
 from tests.conftest import speech_like
+from tests.server_fixtures import tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
@@ -67,18 +66,9 @@ def peers() -> ModuleType:
 def tiny_set(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A dev-layout pairs tree (3 pairs of 2 s, noisy = clean + noise) and a tiny random checkpoint."""
     root = tmp_path_factory.mktemp("bench_quality")
-    pairs = root / "pairs"
-    (pairs / "dev" / "clean").mkdir(parents=True)
-    (pairs / "dev" / "noisy").mkdir(parents=True)
-    rng = np.random.default_rng(7)
-    for i in range(3):
-        clean = speech_like(2.0, seed=i, f0=110.0 + 30 * i)
-        noisy = clean + 0.02 * rng.standard_normal(len(clean)).astype(np.float32)
-        sf.write(pairs / "dev" / "clean" / f"{i:04d}.wav", clean, 16000, subtype="FLOAT")
-        sf.write(pairs / "dev" / "noisy" / f"{i:04d}.wav", noisy, 16000, subtype="FLOAT")
-    torch.manual_seed(0)
-    ckpt = root / "tiny.safetensors"
-    models.save_checkpoint(ckpt, models.Enhancer(models.get_config("tiny")), "tiny")
+    cleans = [speech_like(2.0, seed=i, f0=110.0 + 30 * i) for i in range(3)]
+    pairs = dev_pairs(root / "pairs", cleans, 0.02, seed=7)
+    ckpt = tiny_checkpoint(root / "tiny.safetensors")
     return pairs, ckpt
 
 

@@ -1,0 +1,259 @@
+"""Post-filter study: does reshaping the model's predicted magnitude after the network close the background-noise
+(DNSMOS BAK) gap to RNNoise and DeepFilterNet 3?
+
+    python bench/bench_postfilter.py --pairs ../shared/data [--limit 40] [--model default | --checkpoint PATH]
+        [--filters "raw;limit=20;..."] [--peers rnnoise] [--no-dnsmos] [--out bench/results/postfilter]
+
+The network runs once per file without an attenuation limit; each post-filter then maps the noisy magnitude
+``X`` and the predicted clean magnitude ``P`` (both [T, F], linear) to the output magnitude, which is rebuilt with
+the noisy phase like the engine does. A filter is a ``+``-joined chain of steps applied in order:
+
+* ``limit=L``: ``max(P, X * 10^(-L/20))``, the engine's attenuation limit (``limit=20`` is the shipped default;
+  checked equal to the engine's own output in tests/test_bench_postfilter.py);
+* ``relative=L``: the floor follows the frame's predicted level, ``max(P, X * 10^(-L/20) * g)`` with
+  ``g = sqrt(sum P^2 / sum X^2)`` per frame (deeper floor in frames the model takes for noise);
+* ``dfpf=B``: DeepFilterNet's post-filter on the gain ``G = P / X`` (Schroeter et al. 2022, beta ``B``):
+  ``G (1 + B) / (1 + B (G / (G sin(pi G / 2)))^2)``, lowering small gains more than large ones;
+* ``expander=R/K``: a downward expander on the frame's predicted level: a frame whose energy ratio
+  ``sum P^2 / sum X^2`` is below ``R`` dB is scaled by ``(ratio / R)^(K/2)``, i.e. it loses another K dB of
+  energy per dB under ``R``;
+* ``release=A``: per-bin gain may fall by at most a factor ``A`` per frame, ``G_t = max(G_t, A G_{t-1})`` (like
+  RNNoise's gain smoothing; stateful, offline only here);
+* ``raw``: no change.
+
+Besides PESQ, STOI, SI-SDR and DNSMOS, each row reports **pause attenuation**: the output's energy over the
+noisy input's in the frames where the clean signal is more than 45 dB below its loudest frame (speech pauses), in
+dB. The ``clean`` row scores the clean file itself: its pause attenuation is how far down the target's own pauses
+are (room tone). ``--peers`` adds systems of bench/peers.py (delay-compensated like bench/bench_quality.py) for reference.
+Writes ``summary.md`` and ``summary.csv`` to ``--out`` (atomically) and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_quality  # bench/ is not a package: on sys.path above
+
+from enhance.audio_io import load_mono_16k
+from enhance.stft import STFTConfig, istft, stft
+from recipes.evaluate import write_csv, write_text
+from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics
+from recipes.pairs import discover_pairs
+
+DEFAULT_FILTERS = (
+    "raw;limit=20;relative=20;relative=15;dfpf=0.05+limit=20;dfpf=0.3+limit=20;"
+    "expander=-10/2+limit=20;limit=20+expander=-10/2;release=0.5;release=0.5+limit=20"
+)
+PAUSE_DB = 45.0  # a frame is a pause when the clean signal is this far below its loudest frame
+COLUMNS = ("system", *METRIC_KEYS, "pause_att_db", "n_files")
+
+Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (X, P) -> new P, magnitudes [T, F]
+
+
+def _frame_ratio(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Per frame: predicted over noisy energy, [T, 1]."""
+    return (p**2).sum(-1, keepdim=True) / (x**2).sum(-1, keepdim=True).clamp_min(1e-12)
+
+
+def _gain(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    return (p / x.clamp_min(1e-12)).clamp(0.0, 1.0)
+
+
+def step_limit(db: float) -> Step:
+    return lambda x, p: torch.maximum(p, x * 10.0 ** (-db / 20.0))
+
+
+def step_relative(db: float) -> Step:
+    return lambda x, p: torch.maximum(p, x * 10.0 ** (-db / 20.0) * _frame_ratio(x, p).clamp(max=1.0).sqrt())
+
+
+def step_dfpf(beta: float) -> Step:
+    def f(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        g = _gain(x, p)
+        g_sin = g * torch.sin(math.pi * g / 2.0)
+        return (1.0 + beta) * g / (1.0 + beta * (g / g_sin.clamp_min(1e-12)) ** 2) * x
+
+    return f
+
+
+def step_expander(threshold_db: float, k: float) -> Step:
+    def f(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        ratio = _frame_ratio(x, p) / 10.0 ** (threshold_db / 10.0)
+        return p * ratio.clamp(max=1.0) ** (k / 2.0)
+
+    return f
+
+
+def step_release(alpha: float) -> Step:
+    def f(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        g = _gain(x, p)
+        out = [g[0]]
+        for t in range(1, g.shape[0]):
+            out.append(torch.maximum(g[t], alpha * out[-1]))
+        return torch.stack(out) * x
+
+    return f
+
+
+def parse_filter(spec: str) -> Step:
+    """A ``+``-joined chain of ``name=value`` steps (see the module docstring); raises ValueError."""
+    steps: list[Step] = []
+    for part in spec.split("+"):
+        name, _, arg = part.strip().partition("=")
+        try:
+            if name == "raw" and not arg:
+                continue
+            if name == "expander":
+                r, k = arg.split("/")
+                steps.append(step_expander(float(r), float(k)))
+                continue
+            makers = {
+                "limit": step_limit,
+                "relative": step_relative,
+                "dfpf": step_dfpf,
+                "release": step_release,
+            }
+            steps.append(makers[name](float(arg)))
+        except (KeyError, ValueError):
+            raise ValueError(f"bad post-filter step '{part}' in '{spec}'") from None
+
+    def chain(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        for s in steps:
+            p = s(x, p)
+        return p
+
+    return chain
+
+
+def pause_attenuation(clean: np.ndarray, noisy: np.ndarray, out: np.ndarray, cfg: STFTConfig) -> float:
+    """Output over noisy energy (dB) in the frames where ``clean`` is ``PAUSE_DB`` below its loudest frame; NaN
+    when there is no such frame."""
+    power = [stft(torch.from_numpy(a), cfg).abs().pow(2).sum(-1) for a in (clean, noisy, out)]
+    level = 10.0 * torch.log10(power[0] + 1e-12)
+    pause = level < level.max() - PAUSE_DB
+    if not bool(pause.any()):
+        return math.nan
+    return float(10.0 * torch.log10(power[2][pause].sum() / power[1][pause].sum().clamp_min(1e-12)))
+
+
+@torch.inference_mode()
+def filtered_outputs(model: Any, noisy: np.ndarray, filters: dict[str, Step]) -> dict[str, np.ndarray]:
+    """The network once, then every post-filter; waveforms at the input's length. ``model`` must have no
+    attenuation limit (the ``limit`` step is the limit)."""
+    cfg = model.cfg.stft
+    spec = stft(torch.from_numpy(noisy)[None], cfg)
+    x = spec.abs()[0]
+    p = torch.expm1(model(torch.log1p(spec.abs())).log_mag.clamp(min=0.0))[0]
+    phase = torch.polar(torch.ones_like(x), spec.angle()[0])
+    return {name: istft(f(x, p) * phase, cfg, len(noisy)).numpy() for name, f in filters.items()}
+
+
+def _mean(values: list[float]) -> float:
+    """Mean of the finite values (NaN when there are none), as recipes/evaluate.py summarises."""
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.mean(finite)) if finite else math.nan
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--pairs", required=True, help="a folder of noisy/clean pairs (any layout recipes.pairs knows)"
+    )
+    ap.add_argument("--limit", type=int, default=40, help="use the first N pairs (default 40)")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--model", default="default", help="a bundled model (default: default)")
+    g.add_argument("--checkpoint", help="a checkpoint file instead of a bundled model")
+    ap.add_argument(
+        "--filters", default=DEFAULT_FILTERS, help="';'-separated post-filters (see the docstring)"
+    )
+    ap.add_argument(
+        "--peers", default="", help="comma-separated peers of bench/peers.py to add as references"
+    )
+    ap.add_argument("--no-dnsmos", action="store_true")
+    ap.add_argument("--out", type=Path, default=Path("bench/results/postfilter"))
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(1)
+    try:
+        filters = {spec.strip(): parse_filter(spec) for spec in args.filters.split(";") if spec.strip()}
+        pairs = discover_pairs(args.pairs).pairs[: args.limit]
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from models import load_checkpoint
+    from models.pretrained import load_pretrained
+
+    ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
+    model = ck.model.eval()
+    model.cfg = dataclasses.replace(model.cfg, max_attenuation_db=None)  # the post-filters apply any limit
+    names = [n for n in args.peers.split(",") if n.strip()]
+    entries = bench_quality.build_systems(names, None, {}) if names else []
+    signal = bench_quality.calibration_audio(bench_quality.ROOT / "examples" / "noisy.wav")[0]
+    for e in entries:
+        if e.system is not None:
+            bench_quality.calibrate(e, signal)
+    scorer = None if args.no_dnsmos else DNSMOS()
+    rows: dict[str, list[dict[str, float]]] = {}
+    for pair in pairs:
+        clean = load_mono_16k(pair.clean_path)[0]
+        noisy = load_mono_16k(pair.noisy_path)[0]
+        n = min(len(clean), len(noisy))
+        clean, noisy = clean[:n], noisy[:n]
+        # the clean file itself is the reference row: how far down the target's own pauses are
+        outputs = {"noisy": noisy, "clean": clean, **filtered_outputs(model, noisy, filters)}
+        for e in entries:
+            if e.system is not None:
+                y, _ = bench_quality.run_system(e, noisy)
+                if y is not None:
+                    outputs[e.name] = y
+        for name, y in outputs.items():
+            scores = compute_metrics(clean, y, scorer)
+            scores["pause_att_db"] = pause_attenuation(clean, noisy, y, model.cfg.stft)
+            rows.setdefault(name, []).append(scores)
+    table = []
+    for name, per_file in rows.items():
+        means = {k: _mean([r[k] for r in per_file]) for k in (*METRIC_KEYS, "pause_att_db")}
+        label = name if name in ("noisy", "clean") or name in {e.name for e in entries} else f"tim + {name}"
+        table.append({"system": label, **means, "n_files": len(per_file)})
+    for e in entries:
+        if e.system is None:
+            print(f"not run: {e.name}: {e.reason}", file=sys.stderr)
+    head = ["system", "PESQ", "STOI", "SI-SDR (dB)", "SIG", "BAK", "OVRL", "pause att. (dB)", "n"]
+    lines = [
+        f"Post-filter study, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs; model "
+        f"{args.checkpoint or repr(args.model)}; {len(pairs)} pairs under `{args.pairs}`.",
+        "",
+        f"Command: `{' '.join(['python', *map(shlex.quote, [sys.argv[0], *(argv or sys.argv[1:])])])}`",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---" * len(head) + "|",
+    ]
+    for r in table:
+        cells = [f"{r[k]:.2f}" if k in ("si_sdr", "pause_att_db") else f"{r[k]:.3f}" for k in COLUMNS[1:-1]]
+        lines.append(f"| {r['system']} | " + " | ".join(cells) + f" | {r['n_files']} |")
+    md = "\n".join(lines) + "\n"
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(args.out / "summary.csv", COLUMNS, table)
+    write_text(args.out / "summary.md", md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,123 @@
+"""bench/bench_postfilter.py: its steps do what they say, its ``limit`` equals the engine's own attenuation limit,
+and the command runs end to end on a tiny generated set with the tiny model."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import importlib
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+
+import models
+from enhance.offline import enhance_waveform
+from tests.audio_trees import dev_pairs
+from tests.conftest import speech_like
+from tests.server_fixtures import tiny_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "bench_postfilter.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    if str(SCRIPT.parent) not in sys.path:
+        sys.path.insert(0, str(SCRIPT.parent))
+    return importlib.import_module("bench_postfilter")
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> models.Enhancer:
+    torch.manual_seed(0)
+    return models.Enhancer(models.get_config("tiny")).eval()
+
+
+def _with_pause(seconds: float, seed: int) -> np.ndarray:
+    """Speech-like signal with a silent second in the middle (so there are pause frames to measure)."""
+    x = speech_like(seconds, seed=seed)
+    mid = len(x) // 2
+    x[mid - 8000 : mid + 8000] = 0.0
+    return x
+
+
+def test_limit_step_equals_the_engines_attenuation_limit(
+    bench: ModuleType, tiny_model: models.Enhancer
+) -> None:
+    rng = np.random.default_rng(0)
+    noisy = (_with_pause(3.0, 1) + 0.03 * rng.standard_normal(48000)).astype(np.float32)
+    free = dataclasses.replace(tiny_model.cfg, max_attenuation_db=None)
+    limited = models.Enhancer(dataclasses.replace(free, max_attenuation_db=12.0)).eval()
+    limited.load_state_dict(tiny_model.state_dict())
+    tiny_model.cfg = free
+    ours = bench.filtered_outputs(tiny_model, noisy, {"l": bench.parse_filter("limit=12")})["l"]
+    engine = enhance_waveform(limited, noisy[None]).wav[0]
+    np.testing.assert_allclose(ours, engine, atol=2e-5)
+    raw = bench.filtered_outputs(tiny_model, noisy, {"raw": bench.parse_filter("raw")})["raw"]
+    assert np.abs(raw - engine).max() > 1e-3  # the untrained model attenuates past 12 dB somewhere
+
+
+def test_steps(bench: ModuleType) -> None:
+    x = torch.ones(6, 5)
+    gains = torch.tensor([1.0, 0.5, 0.1, 0.01, 0.0])
+    p = x * gains
+    pf = bench.parse_filter("dfpf=0.3")(x, p)[0]
+    assert pf[0] == pytest.approx(1.0) and bool((pf[1:4] < gains[1:4]).all())  # small gains lowered, 1 kept
+    floor = bench.parse_filter("limit=20")(x, p)[0]
+    assert floor.tolist() == pytest.approx([1.0, 0.5, 0.1, 0.1, 0.1])
+    # a frame predicted as noise only gets a deeper floor with the frame-relative limit
+    noise_frame = x * 0.01
+    assert float(bench.parse_filter("relative=20")(x, noise_frame).max()) < 0.1
+    # release: after a frame of gain 1, the gain falls by at most the factor per frame
+    drop = torch.cat([torch.ones(1, 5), torch.zeros(5, 5)]) * x
+    released = bench.parse_filter("release=0.5")(x, drop)[:, 0]
+    assert released.tolist() == pytest.approx([1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125])
+    # expander: a frame at an energy ratio of -20 dB, 10 dB under a -10 dB threshold, loses K x 10 = 20 dB more
+    quiet = x * 0.1
+    assert float(bench.parse_filter("expander=-10/2")(x, quiet)[0, 0]) == pytest.approx(0.01)
+    # above the threshold: unchanged
+    assert float(bench.parse_filter("expander=-30/2")(x, quiet)[0, 0]) == pytest.approx(0.1)
+    for bad in ("limit", "limit=x", "nope=1", "expander=3"):
+        with pytest.raises(ValueError, match="bad post-filter step"):
+            bench.parse_filter(bad)
+
+
+def test_command_end_to_end(tmp_path: Path) -> None:
+    pairs = dev_pairs(tmp_path / "pairs", [_with_pause(3.0, seed=i) for i in range(2)], 0.02, seed=3)
+    ckpt = tiny_checkpoint(tmp_path / "tiny.safetensors")
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(SCRIPT), "--pairs", str(pairs), "--checkpoint", str(ckpt), "--no-dnsmos"]
+    done = subprocess.run(
+        [*cmd, "--filters", "raw;limit=20;dfpf=0.05+limit=20", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    with (out / "summary.csv").open(newline="") as f:
+        rows = {r["system"]: r for r in csv.DictReader(f)}
+    assert list(rows) == ["noisy", "clean", "tim + raw", "tim + limit=20", "tim + dfpf=0.05+limit=20"]
+    assert float(rows["clean"]["si_sdr"]) > 60.0  # the clean file scored against itself
+    assert (
+        float(rows["clean"]["pause_att_db"]) < -40.0
+    )  # its pauses are silent (but for frames at their edges)
+    for r in rows.values():
+        assert r["n_files"] == "2"
+        assert all(math.isfinite(float(r[k])) for k in ("pesq", "stoi", "si_sdr", "pause_att_db"))
+        assert math.isnan(float(r["dnsmos_ovrl"]))  # --no-dnsmos
+    assert float(rows["noisy"]["pause_att_db"]) == pytest.approx(0.0, abs=1e-6)
+    # a 20-dB limit cannot take the pauses more than 20 dB down
+    assert float(rows["tim + limit=20"]["pause_att_db"]) >= -20.0 - 1e-3
+    assert "| tim + limit=20 |" in (out / "summary.md").read_text()
+    bad = subprocess.run([*cmd, "--filters", "limit=oops"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "bad post-filter step" in bad.stderr
