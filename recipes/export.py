@@ -111,6 +111,23 @@ def sweep_table(rows: list[dict[str, Any]], n_pairs: int, select: str = "pesq") 
     return "\n".join(lines) + "\n"
 
 
+def _pauses(mixing: dict[str, Any]) -> str:
+    """The card's words for the pause augmentation (recipes.mixing.MixingConfig.pause_prob), if it was on."""
+    prob = float(mixing.get("pause_prob", 0.0))
+    if prob <= 0:
+        return ""
+    low, high = mixing["pause_seconds"]
+    return f", a speech pause of {low:g}-{high:g} s in {prob:.0%} of the segments"
+
+
+def _init(train: dict[str, Any]) -> str:
+    return (
+        f" Started from the weights of `{train['init_from']}` (fresh optimizer)."
+        if train.get("init_from")
+        else ""
+    )
+
+
 def model_card(
     name: str, ck: Any, run: Path, evaluation: dict[str, Any], command: str, rows: list[dict[str, str]]
 ) -> str:
@@ -129,13 +146,13 @@ def model_card(
   overrides it).
 - **Training data**: the shared development corpus (`{", ".join(data.get("speech") or [])}` speech +
   `{", ".join(data.get("noise") or [])}` noise, dynamic mixing at SNR uniform in {data["mixing"]["snr_db"]} dB,
-  mixture level {data["mixing"]["level_dbfs"]} dBFS, {data["mixing"]["segment_seconds"]} s segments). Speech:
+  mixture level {data["mixing"]["level_dbfs"]} dBFS, {data["mixing"]["segment_seconds"]} s segments{_pauses(data["mixing"])}). Speech:
   LibriSpeech (CC BY 4.0), LJSpeech (public domain), Tux Paint descriptions (GPL-2). Noise: freesound-events (no licence
   stated; internal R&D use), Hu nonspeech (research corpus), Speech Commands background (CC BY 4.0), SoundBible
   (per-clip terms), Tux Paint effects (GPL-2). See the corpus README for sources. **Because of the noise licences,
   treat these weights as internal R&D material, not for redistribution.**
 - **Training**: Adam lr {train["lr"]}, batch {train["batch_size"]}, lr x{train["lr_factor"]} after {train["lr_patience"]}
-  epochs without validation improvement, seed {train["seed"]}, on the CPU. **{epochs} epochs done of {train["epochs"]}
+  epochs without validation improvement, seed {train["seed"]}, on the CPU.{_init(train)} **{epochs} epochs done of {train["epochs"]}
   planned** (one epoch = one pass over the speech files in 4-s segments); these weights are from epoch
   {best["epoch"]} (lowest validation loss, {float(best["val_loss"]):.4f}).
 - **Validation / evaluation data**: the corpus' fixed dev pairs (`{evaluation["pairs_root"]}`; held-out LibriSpeech speakers and

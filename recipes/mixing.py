@@ -20,7 +20,18 @@ class MixingConfig:
     snr_db: tuple[float, float] = (0.0, 40.0)  # uniform (the paper's DNS setting)
     level_dbfs: tuple[float, float] = (-35.0, -15.0)  # RMS of the noisy mixture, uniform
     noise_prob: float = 1.0  # probability that an example has noise at all
+    # probability that an example gets a speech pause: the clean speech in a random span of pause_seconds is
+    # faded out (10-ms ramps) in both the clean target and the mixture, the noise goes on. Read speech has few
+    # pauses, so without this the model hardly sees noise alone (0: off, as in runs before it existed)
+    pause_prob: float = 0.0
+    pause_seconds: tuple[float, float] = (0.3, 1.5)
     sample_rate: int = 16000
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.pause_prob <= 1.0:
+            raise ValueError(f"pause_prob must be in [0, 1], got {self.pause_prob}")
+        if not 0.0 < self.pause_seconds[0] <= self.pause_seconds[1]:
+            raise ValueError(f"pause_seconds must be 0 < low <= high, got {self.pause_seconds}")
 
     @property
     def segment_samples(self) -> int:
@@ -62,8 +73,9 @@ class MixingDataset(torch.utils.data.Dataset):
         epoch, i = key
         rng = np.random.default_rng([self.seed, epoch, 1, i])
         clean = self._speech(i, rng)
-        noisy = mix(clean, self._noise(rng), rng, self.cfg)
-        return torch.from_numpy(noisy[0]), torch.from_numpy(noisy[1])
+        noisy, clean = mix(clean, self._noise(rng), rng, self.cfg)
+        insert_pause(noisy, clean, rng, self.cfg)  # after mix: runs without pauses draw the same mixes
+        return torch.from_numpy(noisy), torch.from_numpy(clean)
 
     def _speech(self, i: int, rng: np.random.Generator) -> np.ndarray:
         n_seg = self.cfg.segment_samples
@@ -109,3 +121,22 @@ def mix(
     if peak > 0.99:
         gain *= 0.99 / peak
     return (noisy * gain).astype(np.float32), (clean * gain).astype(np.float32)
+
+
+def insert_pause(noisy: np.ndarray, clean: np.ndarray, rng: np.random.Generator, cfg: MixingConfig) -> None:
+    """With probability ``cfg.pause_prob``, remove the speech from a random span of ``cfg.pause_seconds`` of
+    the mixed pair, in place: the clean part (faded in and out over 10 ms) is subtracted from both, so the
+    mixture keeps its noise there. Draws nothing from ``rng`` when ``pause_prob`` is 0."""
+    if cfg.pause_prob <= 0.0 or rng.random() >= cfg.pause_prob:
+        return
+    n = len(clean)
+    span = min(round(rng.uniform(*cfg.pause_seconds) * cfg.sample_rate), n)
+    start = int(rng.integers(0, n - span + 1))
+    ramp = min(round(0.010 * cfg.sample_rate), span // 2)
+    window = np.ones(span, np.float32)
+    if ramp > 0:
+        fade = (0.5 - 0.5 * np.cos(np.pi * np.arange(1, ramp + 1) / (ramp + 1))).astype(np.float32)
+        window[:ramp], window[span - ramp :] = fade, fade[::-1]
+    removed = clean[start : start + span] * window
+    clean[start : start + span] -= removed
+    noisy[start : start + span] -= removed

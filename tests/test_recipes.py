@@ -614,3 +614,43 @@ def test_low_level_loss_term_adds_the_log_magnitude_error() -> None:
 
     with pytest.raises(ValueError, match="low_level_weight"):
         TrainConfig(low_level_weight=-0.1)
+
+
+def test_pause_removes_speech_from_one_span_of_both_signals_and_keeps_the_noise() -> None:
+    import numpy as np
+
+    from recipes.mixing import MixingConfig, insert_pause, mix
+    from tests.conftest import speech_like
+
+    cfg = MixingConfig(snr_db=(5.0, 5.0), pause_prob=1.0, pause_seconds=(0.5, 0.5))
+    rng = np.random.default_rng(4)
+    clean0 = speech_like(2.0, seed=2) + 0.05  # never zero, so the span shows exactly
+    noise = (0.05 * rng.standard_normal(32000)).astype(np.float32)
+    noisy, clean = mix(clean0, noise, np.random.default_rng(1), cfg)
+    before_noisy, before_clean = noisy.copy(), clean.copy()
+    insert_pause(noisy, clean, np.random.default_rng(2), cfg)
+    changed = np.flatnonzero(np.abs(clean - before_clean) > 0)
+    assert len(changed) == pytest.approx(8000, abs=2)  # one 0.5-s span (the ramps' ends included)
+    assert changed[-1] - changed[0] + 1 == len(changed)  # contiguous
+    inner = slice(changed[0] + 200, changed[-1] - 200)  # inside the 10-ms ramps
+    assert np.abs(clean[inner]).max() < 1e-6  # speech gone from the target
+    np.testing.assert_allclose(noisy - clean, before_noisy - before_clean, atol=1e-6)  # noise untouched
+    # faded out over 10 ms (160 samples), not cut: the removed share rises smoothly from ~0 to 1
+    share = ((before_clean - clean) / before_clean)[changed[0] : changed[0] + 160]
+    assert share[0] < 0.01 and share[-1] > 0.99 and bool((np.diff(share) >= -1e-6).all())
+
+
+def test_pause_off_draws_nothing_so_earlier_runs_keep_their_mixes() -> None:
+    import numpy as np
+
+    from recipes.mixing import MixingConfig, insert_pause
+
+    noisy, clean = np.ones(16000, np.float32), np.ones(16000, np.float32)
+    rng = np.random.default_rng(0)
+    insert_pause(noisy, clean, rng, MixingConfig(pause_prob=0.0))
+    assert rng.random() == np.random.default_rng(0).random()
+    assert noisy.min() == clean.min() == 1.0
+    with pytest.raises(ValueError, match="pause_prob"):
+        MixingConfig(pause_prob=1.5)
+    with pytest.raises(ValueError, match="pause_seconds"):
+        MixingConfig(pause_seconds=(0.0, 1.0))
