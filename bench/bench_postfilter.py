@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_quality  # bench/ is not a package: on sys.path above
 
 from enhance.audio_io import load_mono_16k
+from enhance.errors import EnhanceError
 from enhance.stft import STFTConfig, istft, stft
 from recipes.evaluate import write_csv, write_text
 from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics
@@ -211,8 +212,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     scorer = None if args.no_dnsmos else DNSMOS()
     rows: dict[str, list[dict[str, float]]] = {}
     for pair in pairs:
-        clean = load_mono_16k(pair.clean_path)[0]
-        noisy = load_mono_16k(pair.noisy_path)[0]
+        try:
+            clean = load_mono_16k(pair.clean_path)[0]
+            noisy = load_mono_16k(pair.noisy_path)[0]
+        except EnhanceError as exc:  # reported and skipped, like recipes/evaluate.py does
+            print(f"skipped {pair.noisy_path}: {exc}", file=sys.stderr)
+            continue
         n = min(len(clean), len(noisy))
         clean, noisy = clean[:n], noisy[:n]
         # the clean file itself is the reference row: how far down the target's own pauses are

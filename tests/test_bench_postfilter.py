@@ -15,6 +15,7 @@ from types import ModuleType
 
 import numpy as np
 import pytest
+import soundfile as sf
 import torch
 
 import models
@@ -92,6 +93,9 @@ def test_steps(bench: ModuleType) -> None:
 def test_command_end_to_end(tmp_path: Path) -> None:
     pairs = dev_pairs(tmp_path / "pairs", [_with_pause(3.0, seed=i) for i in range(2)], 0.02, seed=3)
     ckpt = tiny_checkpoint(tmp_path / "tiny.safetensors")
+    # a pair whose noisy file is not audio: reported and skipped, the run goes on
+    sf.write(pairs / "dev" / "clean" / "0002.wav", _with_pause(3.0, seed=5), 16000, subtype="FLOAT")
+    (pairs / "dev" / "noisy" / "0002.wav").write_bytes(b"not a wav file")
     out = tmp_path / "out"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(SCRIPT), "--pairs", str(pairs), "--checkpoint", str(ckpt), "--no-dnsmos"]
@@ -104,6 +108,7 @@ def test_command_end_to_end(tmp_path: Path) -> None:
         timeout=600,
     )
     assert done.returncode == 0, done.stderr
+    assert "skipped" in done.stderr and "0002.wav" in done.stderr
     with (out / "summary.csv").open(newline="") as f:
         rows = {r["system"]: r for r in csv.DictReader(f)}
     assert list(rows) == ["noisy", "clean", "tim + raw", "tim + limit=20", "tim + dfpf=0.05+limit=20"]
