@@ -46,3 +46,33 @@ def test_attenuation_sweep_with_dnsmos(tmp_path: Path) -> None:
     ]
     assert [best_row(sweep, s)["limit_db"] for s in ("pesq", "ovrl", "balanced")] == [15, None, 20]
     assert "within 0.05 of the best PESQ" in sweep_table(rows, 2, "balanced")
+
+
+def test_model_card_names_a_warm_start_and_speech_pauses_only_when_used(tmp_path: Path) -> None:
+    import dataclasses
+    import json
+
+    from models.config_io import to_dict
+    from recipes.datasets import DataConfig
+    from recipes.evaluate import METRIC_KEYS
+    from recipes.export import model_card
+    from recipes.mixing import MixingConfig
+    from recipes.trainer import RunConfig, TrainConfig
+
+    ck = SimpleNamespace(model=Enhancer(get_config("tiny")).eval(), name="tiny")
+    metrics = {k: 1.0 for k in METRIC_KEYS} | {"n_files": 2, "n_failed": 0}
+    evaluation = {"summary": {"noisy": metrics, "enhanced": metrics}, "pairs_root": "pairs", "n_evaluated": 2}
+    rows = [{"epoch": "1", "train_loss": "0.1", "val_loss": "0.2", "val_si_sdr": "3.0", "lr": "0.0002"}]
+    plain = RunConfig(TrainConfig(model="tiny"), DataConfig(speech=("s",), noise=("n",)))
+    warm = RunConfig(
+        dataclasses.replace(plain.train, init_from="runs/x/best.safetensors"),
+        dataclasses.replace(plain.data, mixing=MixingConfig(pause_prob=0.5, pause_seconds=(0.3, 1.5))),
+    )
+    cards = {}
+    for name, cfg in (("plain", plain), ("warm", warm)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(to_dict(cfg)))
+        cards[name] = model_card("m", ck, tmp_path / name, evaluation, "cmd", rows)
+    assert "Started from the weights of `runs/x/best.safetensors`" in cards["warm"]
+    assert "a speech pause of 0.3-1.5 s in 50% of the segments" in cards["warm"]
+    assert "Started from" not in cards["plain"] and "speech pause" not in cards["plain"]
