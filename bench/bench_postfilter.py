@@ -21,9 +21,12 @@ the noisy phase like the engine does. A filter is a ``+``-joined chain of steps 
   RNNoise's gain smoothing; stateful, offline only here);
 * ``raw``: no change.
 
+``dfpf`` and ``release`` work on the gain ``G = P / X`` capped at 1, so they also cap ``P`` at ``X`` (the network's
+residual output can exceed the noisy magnitude slightly); ``relative`` caps the frame gain ``g`` at 1.
+
 Besides PESQ, STOI, SI-SDR and DNSMOS, each row reports **pause attenuation**: the output's energy over the
 noisy input's in the frames where the clean signal is more than 45 dB below its loudest frame (speech pauses), in
-dB. The ``clean`` row scores the clean file itself: its pause attenuation is how far down the target's own pauses
+dB, averaged over the files that have such frames (``n_pause_files``). The ``clean`` row scores the clean file itself: its pause attenuation is how far down the target's own pauses
 are (room tone). ``--peers`` adds systems of bench/peers.py (delay-compensated like bench/bench_quality.py) for reference.
 Writes ``summary.md`` and ``summary.csv`` to ``--out`` (atomically) and prints the table.
 """
@@ -59,7 +62,7 @@ DEFAULT_FILTERS = (
     "expander=-10/2+limit=20;limit=20+expander=-10/2;release=0.5;release=0.5+limit=20"
 )
 PAUSE_DB = 45.0  # a frame is a pause when the clean signal is this far below its loudest frame
-COLUMNS = ("system", *METRIC_KEYS, "pause_att_db", "n_files")
+COLUMNS = ("system", *METRIC_KEYS, "pause_att_db", "n_files", "n_pause_files")
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (X, P) -> new P, magnitudes [T, F]
 
@@ -235,14 +238,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, per_file in rows.items():
         means = {k: _mean([r[k] for r in per_file]) for k in (*METRIC_KEYS, "pause_att_db")}
         label = name if name in ("noisy", "clean") or name in {e.name for e in entries} else f"tim + {name}"
-        table.append({"system": label, **means, "n_files": len(per_file)})
+        n_pause = sum(math.isfinite(r["pause_att_db"]) for r in per_file)
+        table.append({"system": label, **means, "n_files": len(per_file), "n_pause_files": n_pause})
     for e in entries:
         if e.system is None:
             print(f"not run: {e.name}: {e.reason}", file=sys.stderr)
-    head = ["system", "PESQ", "STOI", "SI-SDR (dB)", "SIG", "BAK", "OVRL", "pause att. (dB)", "n"]
+    head = [
+        "system",
+        "PESQ",
+        "STOI",
+        "SI-SDR (dB)",
+        "SIG",
+        "BAK",
+        "OVRL",
+        "pause att. (dB)",
+        "n",
+        "n with pauses",
+    ]
     lines = [
         f"Post-filter study, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs; model "
-        f"{args.checkpoint or repr(args.model)}; {len(pairs)} pairs under `{args.pairs}`.",
+        f"{args.checkpoint or repr(args.model)}; {len(rows.get('noisy', []))} pairs scored under `{args.pairs}`.",
         "",
         f"Command: `{' '.join(['python', *map(shlex.quote, [sys.argv[0], *(argv or sys.argv[1:])])])}`",
         "",
@@ -250,8 +265,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "|---" * len(head) + "|",
     ]
     for r in table:
-        cells = [f"{r[k]:.2f}" if k in ("si_sdr", "pause_att_db") else f"{r[k]:.3f}" for k in COLUMNS[1:-1]]
-        lines.append(f"| {r['system']} | " + " | ".join(cells) + f" | {r['n_files']} |")
+        cells = [f"{r[k]:.2f}" if k in ("si_sdr", "pause_att_db") else f"{r[k]:.3f}" for k in COLUMNS[1:-2]]
+        lines.append(
+            f"| {r['system']} | " + " | ".join(cells) + f" | {r['n_files']} | {r['n_pause_files']} |"
+        )
     md = "\n".join(lines) + "\n"
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "summary.csv", COLUMNS, table)

@@ -32,6 +32,10 @@ class MixingConfig:
             raise ValueError(f"pause_prob must be in [0, 1], got {self.pause_prob}")
         if not 0.0 < self.pause_seconds[0] <= self.pause_seconds[1]:
             raise ValueError(f"pause_seconds must be 0 < low <= high, got {self.pause_seconds}")
+        if self.pause_prob > 0 and self.pause_seconds[0] > self.segment_seconds:
+            raise ValueError(
+                f"pause_seconds {self.pause_seconds} longer than a segment ({self.segment_seconds} s)"
+            )
 
     @property
     def segment_samples(self) -> int:

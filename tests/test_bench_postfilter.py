@@ -54,14 +54,14 @@ def test_limit_step_equals_the_engines_attenuation_limit(
 ) -> None:
     rng = np.random.default_rng(0)
     noisy = (_with_pause(3.0, 1) + 0.03 * rng.standard_normal(48000)).astype(np.float32)
-    free = dataclasses.replace(tiny_model.cfg, max_attenuation_db=None)
-    limited = models.Enhancer(dataclasses.replace(free, max_attenuation_db=12.0)).eval()
+    free = models.Enhancer(dataclasses.replace(tiny_model.cfg, max_attenuation_db=None)).eval()
+    limited = models.Enhancer(dataclasses.replace(free.cfg, max_attenuation_db=12.0)).eval()
+    free.load_state_dict(tiny_model.state_dict())
     limited.load_state_dict(tiny_model.state_dict())
-    tiny_model.cfg = free
-    ours = bench.filtered_outputs(tiny_model, noisy, {"l": bench.parse_filter("limit=12")})["l"]
+    ours = bench.filtered_outputs(free, noisy, {"l": bench.parse_filter("limit=12")})["l"]
     engine = enhance_waveform(limited, noisy[None]).wav[0]
     np.testing.assert_allclose(ours, engine, atol=2e-5)
-    raw = bench.filtered_outputs(tiny_model, noisy, {"raw": bench.parse_filter("raw")})["raw"]
+    raw = bench.filtered_outputs(free, noisy, {"raw": bench.parse_filter("raw")})["raw"]
     assert np.abs(raw - engine).max() > 1e-3  # the untrained model attenuates past 12 dB somewhere
 
 
@@ -71,11 +71,15 @@ def test_steps(bench: ModuleType) -> None:
     p = x * gains
     pf = bench.parse_filter("dfpf=0.3")(x, p)[0]
     assert pf[0] == pytest.approx(1.0) and bool((pf[1:4] < gains[1:4]).all())  # small gains lowered, 1 kept
+    # the closed form at G = 0.5: G sin(pi G / 2) = 0.5 / sqrt(2), so 1.3 * 0.5 / (1 + 0.3 * 2)
+    assert float(pf[1]) == pytest.approx(0.65 / 1.6)
     floor = bench.parse_filter("limit=20")(x, p)[0]
     assert floor.tolist() == pytest.approx([1.0, 0.5, 0.1, 0.1, 0.1])
-    # a frame predicted as noise only gets a deeper floor with the frame-relative limit
-    noise_frame = x * 0.01
-    assert float(bench.parse_filter("relative=20")(x, noise_frame).max()) < 0.1
+    # the frame-relative floor: one bin kept at 0.1, four at 0, so the frame gain is sqrt(0.01 / 5) and the
+    # floor 0.1 times that (the plain limit's floor would be 0.1)
+    one_bin = x * torch.tensor([0.1, 0.0, 0.0, 0.0, 0.0])
+    floored = bench.parse_filter("relative=20")(x, one_bin)[0]
+    assert floored.tolist() == pytest.approx([0.1] + [0.1 * (0.01 / 5) ** 0.5] * 4)
     # release: after a frame of gain 1, the gain falls by at most the factor per frame
     drop = torch.cat([torch.ones(1, 5), torch.zeros(5, 5)]) * x
     released = bench.parse_filter("release=0.5")(x, drop)[:, 0]
@@ -121,6 +125,7 @@ def test_command_end_to_end(tmp_path: Path) -> None:
         assert all(math.isfinite(float(r[k])) for k in ("pesq", "stoi", "si_sdr", "pause_att_db"))
         assert math.isnan(float(r["dnsmos_ovrl"]))  # --no-dnsmos
     assert float(rows["noisy"]["pause_att_db"]) == pytest.approx(0.0, abs=1e-6)
+    assert {r["n_pause_files"] for r in rows.values()} == {"2"}  # both scored files have a silent second
     # a 20-dB limit cannot take the pauses more than 20 dB down
     assert float(rows["tim + limit=20"]["pause_att_db"]) >= -20.0 - 1e-3
     assert "| tim + limit=20 |" in (out / "summary.md").read_text()

@@ -624,7 +624,7 @@ def test_pause_removes_speech_from_one_span_of_both_signals_and_keeps_the_noise(
 
     cfg = MixingConfig(snr_db=(5.0, 5.0), pause_prob=1.0, pause_seconds=(0.5, 0.5))
     rng = np.random.default_rng(4)
-    clean0 = speech_like(2.0, seed=2) + 0.05  # never zero, so the span shows exactly
+    clean0 = np.abs(speech_like(2.0, seed=2)) + 0.2  # at least 0.2: the span shows exactly, shares are stable
     noise = (0.05 * rng.standard_normal(32000)).astype(np.float32)
     noisy, clean = mix(clean0, noise, np.random.default_rng(1), cfg)
     before_noisy, before_clean = noisy.copy(), clean.copy()
@@ -654,3 +654,6 @@ def test_pause_off_draws_nothing_so_earlier_runs_keep_their_mixes() -> None:
         MixingConfig(pause_prob=1.5)
     with pytest.raises(ValueError, match="pause_seconds"):
         MixingConfig(pause_seconds=(0.0, 1.0))
+    with pytest.raises(ValueError, match="longer than a segment"):
+        MixingConfig(segment_seconds=0.5, pause_prob=0.5, pause_seconds=(0.6, 1.0))
+    MixingConfig(segment_seconds=0.5)  # no pauses asked for: the default pause_seconds do not matter
