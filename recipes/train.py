@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="weight of the extra log(|X| + floor) loss term (0: the paper's objective alone; experimental)",
     )
+    g.add_argument(
+        "--over-weight",
+        type=float,
+        help="extra weight on errors that leave noise in (prediction above the clean target): 3 makes them count "
+        "4x (0: the paper's symmetric MSE; experimental)",
+    )
     return p
 
 
@@ -100,6 +106,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
             "max_steps_per_epoch": args.max_steps_per_epoch,
             "init_from": args.init_from,
             "low_level_weight": args.low_level_weight,
+            "over_weight": args.over_weight,
         },
         "data": {
             "recipe": args.recipe,

@@ -65,10 +65,15 @@ class TrainConfig:
     # Validation (val_loss, which picks best.safetensors) stays the paper's log1p MSE, so runs remain comparable.
     low_level_weight: float = 0.0
     low_level_floor: float = 0.01
+    # asymmetric MSE: errors where the prediction is above the clean target (noise left in) count
+    # (1 + over_weight) times; 0 is the paper's symmetric loss. Validation stays symmetric. Experimental.
+    over_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.low_level_weight < 0 or self.low_level_floor <= 0:
             raise ValueError("low_level_weight must be >= 0 and low_level_floor > 0")
+        if self.over_weight < 0:
+            raise ValueError("over_weight must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -170,9 +175,10 @@ def loss_fn(
     amp: bool,
     low_level_weight: float = 0.0,
     low_level_floor: float = 0.01,
+    over_weight: float = 0.0,
 ) -> torch.Tensor:
-    """MSE between predicted and clean log1p magnitudes (the paper's objective), plus the optional low-level term
-    of :class:`TrainConfig` (``low_level_weight``)."""
+    """MSE between predicted and clean log1p magnitudes (the paper's objective), asymmetric when ``over_weight``
+    is set, plus the optional low-level term of :class:`TrainConfig` (``low_level_weight``)."""
     core = model.module if isinstance(model, DistributedDataParallel) else model
     assert isinstance(core, Enhancer)
     stft_cfg = core.cfg.stft
@@ -180,7 +186,11 @@ def loss_fn(
     y = log_magnitude(stft(clean, stft_cfg))
     with torch.autocast(device_type=noisy.device.type, dtype=torch.bfloat16, enabled=amp):
         pred = model(x).log_mag.float()
-    loss = F.mse_loss(pred, y)
+    if over_weight > 0:  # residual noise (prediction above the target) weighs 1 + over_weight
+        err = pred - y
+        loss = ((1.0 + over_weight * (err > 0).float()) * err**2).mean()
+    else:
+        loss = F.mse_loss(pred, y)
     if low_level_weight > 0:
         mag = torch.expm1(pred.clamp(min=0.0))  # the magnitude the engine rebuilds from
         target = torch.expm1(y)
@@ -369,6 +379,7 @@ class Trainer:
                 self.amp,
                 t.low_level_weight,
                 t.low_level_floor,
+                t.over_weight,
             )
             self.opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -616,6 +616,32 @@ def test_low_level_loss_term_adds_the_log_magnitude_error() -> None:
         TrainConfig(low_level_weight=-0.1)
 
 
+def test_over_weight_counts_errors_that_leave_noise_in_more() -> None:
+    """``over_weight`` W: squared errors where the prediction is above the clean target weigh 1 + W."""
+    from enhance.stft import log_magnitude, stft
+    from models.enhancer import Enhancer
+    from models.registry import get_config
+    from recipes.trainer import TrainConfig, loss_fn
+
+    torch.manual_seed(0)
+    model = Enhancer(get_config("tiny")).eval()
+    noisy = torch.randn(2, 8000) * 0.1
+    clean = noisy * 0.5
+    pred = model(log_magnitude(stft(noisy, model.cfg.stft))).log_mag
+    err = pred - log_magnitude(stft(clean, model.cfg.stft))
+    over, under = (err.clamp(min=0) ** 2).sum(), (err.clamp(max=0) ** 2).sum()
+    assert over > 0 and under > 0  # both kinds of error occur, so the weighting is visible
+    weighted = loss_fn(model, noisy, clean, False, over_weight=3.0)
+    assert torch.allclose(weighted, (4.0 * over + under) / err.numel(), rtol=1e-5)
+    assert torch.equal(
+        loss_fn(model, noisy, clean, False, over_weight=0.0), loss_fn(model, noisy, clean, False)
+    )
+    with pytest.raises(ValueError, match="over_weight"):
+        TrainConfig(over_weight=-1.0)
+    args = build_parser().parse_args(["--recipe", "folders", "--out", "x", "--over-weight", "3"])
+    assert resolve(args).train.over_weight == 3.0
+
+
 def test_pause_removes_speech_from_one_span_of_both_signals_and_keeps_the_noise() -> None:
     import numpy as np
 
