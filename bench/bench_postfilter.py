@@ -52,8 +52,8 @@ import bench_quality  # bench/ is not a package: on sys.path above
 
 from enhance.audio_io import load_mono_16k
 from enhance.errors import EnhanceError
-from enhance.stft import STFTConfig, istft, stft
-from recipes.evaluate import write_csv, write_text
+from enhance.stft import STFTConfig, istft, log_magnitude, stft
+from recipes.evaluate import summarize, write_csv, write_text
 from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics
 from recipes.pairs import discover_pairs
 
@@ -142,15 +142,27 @@ def parse_filter(spec: str) -> Step:
     return chain
 
 
-def pause_attenuation(clean: np.ndarray, noisy: np.ndarray, out: np.ndarray, cfg: STFTConfig) -> float:
-    """Output over noisy energy (dB) in the frames where ``clean`` is ``PAUSE_DB`` below its loudest frame; NaN
-    when there is no such frame."""
-    power = [stft(torch.from_numpy(a), cfg).abs().pow(2).sum(-1) for a in (clean, noisy, out)]
-    level = 10.0 * torch.log10(power[0] + 1e-12)
+def pause_frames(clean: np.ndarray, noisy: np.ndarray, cfg: STFTConfig) -> tuple[torch.Tensor, float] | None:
+    """The frames where ``clean`` is ``PAUSE_DB`` below its loudest frame and the noisy input's energy in them;
+    None when there is no such frame. Computed once per pair, for every system's output."""
+    clean_power, noisy_power = (_frame_power(a, cfg) for a in (clean, noisy))
+    level = 10.0 * torch.log10(clean_power + 1e-12)
     pause = level < level.max() - PAUSE_DB
     if not bool(pause.any()):
+        return None
+    return pause, float(noisy_power[pause].sum().clamp_min(1e-12))
+
+
+def pause_attenuation(out: np.ndarray, pauses: tuple[torch.Tensor, float] | None, cfg: STFTConfig) -> float:
+    """Output over noisy energy (dB) in the pause frames of :func:`pause_frames`; NaN without pauses."""
+    if pauses is None:
         return math.nan
-    return float(10.0 * torch.log10(power[2][pause].sum() / power[1][pause].sum().clamp_min(1e-12)))
+    pause, noisy_energy = pauses
+    return float(10.0 * torch.log10(_frame_power(out, cfg)[pause].sum() / noisy_energy))
+
+
+def _frame_power(wav: np.ndarray, cfg: STFTConfig) -> torch.Tensor:
+    return stft(torch.from_numpy(wav), cfg).abs().pow(2).sum(-1)
 
 
 @torch.inference_mode()
@@ -160,15 +172,9 @@ def filtered_outputs(model: Any, noisy: np.ndarray, filters: dict[str, Step]) ->
     cfg = model.cfg.stft
     spec = stft(torch.from_numpy(noisy)[None], cfg)
     x = spec.abs()[0]
-    p = torch.expm1(model(torch.log1p(spec.abs())).log_mag.clamp(min=0.0))[0]
+    p = torch.expm1(model(log_magnitude(spec)).log_mag.clamp(min=0.0))[0]
     phase = torch.polar(torch.ones_like(x), spec.angle()[0])
     return {name: istft(f(x, p) * phase, cfg, len(noisy)).numpy() for name, f in filters.items()}
-
-
-def _mean(values: list[float]) -> float:
-    """Mean of the finite values (NaN when there are none), as recipes/evaluate.py summarises."""
-    finite = [v for v in values if math.isfinite(v)]
-    return float(np.mean(finite)) if finite else math.nan
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -206,14 +212,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
     model = ck.model.eval()
     model.cfg = dataclasses.replace(model.cfg, max_attenuation_db=None)  # the post-filters apply any limit
-    names = [n for n in args.peers.split(",") if n.strip()]
-    entries = bench_quality.build_systems(names, None, {}) if names else []
+    peer_names = [n for n in args.peers.split(",") if n.strip()]
+    entries = bench_quality.build_systems(peer_names, None, {}) if peer_names else []
     signal = bench_quality.calibration_audio(bench_quality.ROOT / "examples" / "noisy.wav")[0]
     for e in entries:
         if e.system is not None:
             bench_quality.calibrate(e, signal)
     scorer = None if args.no_dnsmos else DNSMOS()
-    rows: dict[str, list[dict[str, float]]] = {}
+    rows: list[dict[str, Any]] = []
     for pair in pairs:
         try:
             clean = load_mono_16k(pair.clean_path)[0]
@@ -230,16 +236,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 y, _ = bench_quality.run_system(e, noisy)
                 if y is not None:
                     outputs[e.name] = y
+        pauses = pause_frames(clean, noisy, model.cfg.stft)
         for name, y in outputs.items():
-            scores = compute_metrics(clean, y, scorer)
-            scores["pause_att_db"] = pause_attenuation(clean, noisy, y, model.cfg.stft)
-            rows.setdefault(name, []).append(scores)
+            att = pause_attenuation(y, pauses, model.cfg.stft)
+            rows.append({"system": name, **compute_metrics(clean, y, scorer), "pause_att_db": att})
+    names = list(dict.fromkeys(r["system"] for r in rows))
+    means = summarize(rows, systems=names, keys=(*METRIC_KEYS, "pause_att_db"))
     table = []
-    for name, per_file in rows.items():
-        means = {k: _mean([r[k] for r in per_file]) for k in (*METRIC_KEYS, "pause_att_db")}
+    for name in names:
         label = name if name in ("noisy", "clean") or name in {e.name for e in entries} else f"tim + {name}"
-        n_pause = sum(math.isfinite(r["pause_att_db"]) for r in per_file)
-        table.append({"system": label, **means, "n_files": len(per_file), "n_pause_files": n_pause})
+        n_pause = sum(r["system"] == name and math.isfinite(r["pause_att_db"]) for r in rows)
+        m = means[name]
+        values = {k: m[k] for k in (*METRIC_KEYS, "pause_att_db")}
+        table.append({"system": label, **values, "n_files": int(m["n_files"]), "n_pause_files": n_pause})
     for e in entries:
         if e.system is None:
             print(f"not run: {e.name}: {e.reason}", file=sys.stderr)
@@ -257,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     lines = [
         f"Post-filter study, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs; model "
-        f"{args.checkpoint or repr(args.model)}; {len(rows.get('noisy', []))} pairs scored under `{args.pairs}`.",
+        f"{args.checkpoint or repr(args.model)}; {int(means['noisy']['n_files']) if means else 0} pairs scored under `{args.pairs}`.",
         "",
         f"Command: `{' '.join(['python', *map(shlex.quote, [sys.argv[0], *(argv or sys.argv[1:])])])}`",
         "",

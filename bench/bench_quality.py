@@ -66,7 +66,7 @@ from tqdm import tqdm
 from enhance.audio_io import atomic_path, load_mono_16k
 from enhance.errors import EnhanceError
 from models import CheckpointError
-from recipes.evaluate import write_csv, write_text
+from recipes.evaluate import summarize, write_csv, write_text
 from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics
 from recipes.pairs import discover_pairs
 
@@ -249,24 +249,6 @@ def run_system(entry: Entry, noisy: np.ndarray) -> tuple[np.ndarray | None, str]
 
 # ------------------------------------------------------------------------------------------------------------
 # scoring and reports
-
-
-def summarize(
-    rows: list[dict[str, Any]], names: Sequence[str], computed: Sequence[str]
-) -> dict[str, dict[str, float]]:
-    """Per system: the mean of each metric over the files where it is finite, ``n_files`` and ``n_failed``
-    (files where any metric in ``computed`` is NaN), as in recipes/evaluate.py."""
-    out: dict[str, dict[str, float]] = {}
-    for name in names:
-        mine = [r for r in rows if r["system"] == name]
-        entry: dict[str, float] = {}
-        for key in METRIC_KEYS:
-            values = [float(r[key]) for r in mine if math.isfinite(float(r[key]))]
-            entry[key] = float(np.mean(values)) if values else NAN
-        entry["n_files"] = len(mine)
-        entry["n_failed"] = sum(1 for r in mine if any(not math.isfinite(float(r[k])) for k in computed))
-        out[name] = entry
-    return out
 
 
 def summary_rows(entries: Sequence[Entry], means: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
@@ -556,7 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 {**base, "system": e.name, **scores, "compute_s": e.compute_s - before, "error": error}
             )
 
-    means = summarize(per_file, ["noisy", *(e.name for e in running)], computed)
+    means = summarize(per_file, computed, systems=["noisy", *(e.name for e in running)])
     rows = summary_rows(entries, means)
     notes = [n for e in running for n in e.notes]
     if skipped:

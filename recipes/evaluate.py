@@ -76,17 +76,21 @@ def score_pair(
 
 
 def summarize(
-    rows: list[dict[str, Any]], metrics: Sequence[str] = METRIC_KEYS
+    rows: list[dict[str, Any]],
+    metrics: Sequence[str] = METRIC_KEYS,
+    systems: Sequence[str] = SYSTEMS,
+    keys: Sequence[str] = METRIC_KEYS,
 ) -> dict[str, dict[str, float]]:
-    """Per system: mean of each metric over files where it is finite, ``n_files`` and ``n_failed``.
+    """Per system of ``systems`` (rows carry a ``system`` key): the mean of each of ``keys`` over the files where it
+    is finite (NaN when none is), ``n_files`` and ``n_failed``.
 
     ``n_failed`` counts files where any of ``metrics`` (those actually computed) is NaN.
     """
     out: dict[str, dict[str, float]] = {}
-    for system in SYSTEMS:
+    for system in systems:
         mine = [r for r in rows if r["system"] == system]
         entry: dict[str, float] = {}
-        for key in METRIC_KEYS:
+        for key in keys:
             values = [float(r[key]) for r in mine if math.isfinite(float(r[key]))]
             entry[key] = float(np.mean(values)) if values else math.nan
         entry["n_files"] = len(mine)
