@@ -122,9 +122,66 @@ def _pauses(mixing: dict[str, Any]) -> str:
 
 def _init(train: dict[str, Any]) -> str:
     return (
-        f" Started from the weights of `{train['init_from']}` (fresh optimizer)."
+        f' Started from the weights of `{train["init_from"]}` (fresh optimizer; see "Starting weights").'
         if train.get("init_from")
         else ""
+    )
+
+
+def _loss(train: dict[str, Any]) -> str:
+    """The card's words for the training loss: the paper's log1p-magnitude MSE, and the optional extra terms
+    (recipes.trainer.TrainConfig.over_weight and low_level_weight) when a run used them."""
+    words = " Loss: MSE on log1p magnitude"
+    over = float(train.get("over_weight", 0.0))
+    if over > 0:
+        words += (
+            f", errors that leave noise in (prediction above the clean target) weighted {1 + over:g}x"
+            f" (`--over-weight {over:g}`)"
+        )
+    low = float(train.get("low_level_weight", 0.0))
+    if low > 0:
+        words += f", plus {low:g} x a log(|X| + {float(train['low_level_floor']):g}) MSE term"
+    return words + "."
+
+
+def _curve(rows: list[dict[str, str]]) -> str:
+    lines = ["| epoch | train loss | val loss | val SI-SDR (dB) | lr |", "|---|---|---|---|---|"]
+    lines += [
+        f"| {r['epoch']} | {float(r['train_loss']):.4f} | {float(r['val_loss']):.4f} "
+        f"| {float(r['val_si_sdr']):.2f} | {float(r['lr']):.1e} |"
+        for r in rows
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _training(train: dict[str, Any], data: dict[str, Any], rows: list[dict[str, str]]) -> str:
+    """One run's training line: optimiser, loss, SNR range, epochs and the epoch the weights are from."""
+    best = min(rows, key=lambda r: float(r["val_loss"]))
+    return (
+        f"Adam lr {train['lr']}, batch {train['batch_size']}, lr x{train['lr_factor']} after {train['lr_patience']}"
+        f" epochs without validation improvement, seed {train['seed']}, SNR U{data['mixing']['snr_db']} dB, on the"
+        f" CPU.{_loss(train)}{_init(train)} **{len(rows)} epochs done of {train['epochs']} planned** (one epoch ="
+        f" one pass over the speech files in {data['mixing']['segment_seconds']:g}-s segments); these weights are"
+        f" from epoch {best['epoch']} (lowest validation loss, {float(best['val_loss']):.4f})."
+    )
+
+
+def starting_weights(train: dict[str, Any]) -> str:
+    """For a warm-started run: the card section on the run its weights came from (its training line and curve),
+    read from the folder of ``init_from`` when that folder is a run; "" otherwise."""
+    init = train.get("init_from")
+    if not init:
+        return ""
+    folder = Path(init).parent
+    if not (folder / "config.json").is_file() or not (folder / "metrics.csv").is_file():
+        return f"\n## Starting weights\n\n`{init}`: its run folder was not found at export time.\n"
+    cfg = json.loads((folder / "config.json").read_text())
+    rows = read_csv(folder / "metrics.csv")
+    return (
+        f"\n## Starting weights\n\n`{init}`, from the run `{folder}`: "
+        + _training(cfg["train"], cfg["data"], rows)
+        + "\n\n"
+        + _curve(rows)
     )
 
 
@@ -134,8 +191,6 @@ def model_card(
     cfg = json.loads((run / "config.json").read_text())
     cfg_m = ck.model.cfg
     train, data = cfg["train"], cfg["data"]
-    best = min(rows, key=lambda r: float(r["val_loss"]))
-    epochs = len(rows)
     return (
         f"""# Bundled model `{name}`
 
@@ -151,10 +206,7 @@ def model_card(
   stated; internal R&D use), Hu nonspeech (research corpus), Speech Commands background (CC BY 4.0), SoundBible
   (per-clip terms), Tux Paint effects (GPL-2). See the corpus README for sources. **Because of the noise licences,
   treat these weights as internal R&D material, not for redistribution.**
-- **Training**: Adam lr {train["lr"]}, batch {train["batch_size"]}, lr x{train["lr_factor"]} after {train["lr_patience"]}
-  epochs without validation improvement, seed {train["seed"]}, on the CPU.{_init(train)} **{epochs} epochs done of {train["epochs"]}
-  planned** (one epoch = one pass over the speech files in 4-s segments); these weights are from epoch
-  {best["epoch"]} (lowest validation loss, {float(best["val_loss"]):.4f}).
+- **Training**: {_training(train, data, rows)}
 - **Validation / evaluation data**: the corpus' fixed dev pairs (`{evaluation["pairs_root"]}`; held-out LibriSpeech speakers and
   held-out noise files at 0-15 dB SNR). They were used to pick the epoch, so the numbers below are validation numbers,
   not a test-set result, and not comparable with VoiceBank-DEMAND or DNS Challenge results.
@@ -167,14 +219,9 @@ Files where a metric failed are counted in `n_failed`. Reproduce:
 
 ## Training curve
 
-| epoch | train loss | val loss | val SI-SDR (dB) | lr |
-|---|---|---|---|---|
 """
-        + "\n".join(
-            f"| {r['epoch']} | {float(r['train_loss']):.4f} | {float(r['val_loss']):.4f} | {float(r['val_si_sdr']):.2f} | {float(r['lr']):.1e} |"
-            for r in rows
-        )
-        + "\n"
+        + _curve(rows)
+        + starting_weights(train)
     )
 
 

@@ -65,14 +65,36 @@ def test_model_card_names_a_warm_start_and_speech_pauses_only_when_used(tmp_path
     rows = [{"epoch": "1", "train_loss": "0.1", "val_loss": "0.2", "val_si_sdr": "3.0", "lr": "0.0002"}]
     plain = RunConfig(TrainConfig(model="tiny"), DataConfig(speech=("s",), noise=("n",)))
     warm = RunConfig(
-        dataclasses.replace(plain.train, init_from="runs/x/best.safetensors"),
+        dataclasses.replace(plain.train, init_from="runs/x/best.safetensors", over_weight=1.5),
         dataclasses.replace(plain.data, mixing=MixingConfig(pause_prob=0.5, pause_seconds=(0.3, 1.5))),
     )
+    # a warm start from a run folder that exists: the card carries that run's training line and curve
+    base = tmp_path / "base"
+    base.mkdir()
+    base_cfg = dataclasses.replace(plain.data, mixing=MixingConfig(snr_db=(-5.0, 25.0)))
+    (base / "config.json").write_text(json.dumps(to_dict(RunConfig(plain.train, base_cfg))))
+    header = "epoch,global_step,train_loss,val_loss,val_si_sdr,lr\n"
+    (base / "metrics.csv").write_text(header + "1,9,0.5,0.4,2.0,0.0002\n2,18,0.3,0.25,4.5,0.0001\n")
+    chained = RunConfig(
+        dataclasses.replace(plain.train, init_from=str(base / "best.safetensors")),
+        dataclasses.replace(plain.data, mixing=MixingConfig(snr_db=(-5.0, 15.0))),
+    )
     cards = {}
-    for name, cfg in (("plain", plain), ("warm", warm)):
+    for name, cfg in (("plain", plain), ("warm", warm), ("chained", chained)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(to_dict(cfg)))
         cards[name] = model_card("m", ck, tmp_path / name, evaluation, "cmd", rows)
     assert "Started from the weights of `runs/x/best.safetensors`" in cards["warm"]
     assert "a speech pause of 0.3-1.5 s in 50% of the segments" in cards["warm"]
-    assert "Started from" not in cards["plain"] and "speech pause" not in cards["plain"]
+    assert "weighted 2.5x (`--over-weight 1.5`)" in cards["warm"]
+    assert "its run folder was not found at export time" in cards["warm"]
+    for word in ("Started from", "speech pause", "over-weight", "Starting weights"):
+        assert word not in cards["plain"]
+    # the fine-tune's own SNR range, then the starting run's, with its curve and best epoch
+    own, start = cards["chained"].split("## Starting weights")
+    assert "SNR U[-5.0, 15.0] dB" in own and "SNR U[-5.0, 25.0] dB" in start
+    assert (
+        "| 2 | 0.3000 | 0.2500 | 4.50 | 1.0e-04 |" in start
+        and "from epoch 2 (lowest validation loss, 0.2500)" in start
+    )
+    assert "over-weight" not in cards["chained"]
