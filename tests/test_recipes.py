@@ -683,3 +683,22 @@ def test_pause_off_draws_nothing_so_earlier_runs_keep_their_mixes() -> None:
     with pytest.raises(ValueError, match="longer than a segment"):
         MixingConfig(segment_seconds=0.5, pause_prob=0.5, pause_seconds=(0.6, 1.0))
     MixingConfig(segment_seconds=0.5)  # no pauses asked for: the default pause_seconds do not matter
+
+
+def test_the_default_models_two_stage_configs_resolve_to_the_documented_runs() -> None:
+    """README "The bundled default model": stage 1 is default.json; stage 2 adds default-finetune.json and a
+    warm start. Stage 2 changes only the learning rate, the epochs, the asymmetric loss and the SNR range."""
+    stage1 = resolve(build_parser().parse_args(["--config", "default.json", "--out", "x"]))
+    args = ["--config", "default.json", "--config", "default-finetune.json", "--init-from", "w.safetensors"]
+    stage2 = resolve(build_parser().parse_args([*args, "--out", "y"]))
+    assert stage1.train.over_weight == 0.0 and tuple(stage1.data.mixing.snr_db) == (-5.0, 25.0)
+    assert (stage2.train.lr, stage2.train.epochs, stage2.train.over_weight) == (5e-5, 8, 1.5)
+    assert tuple(stage2.data.mixing.snr_db) == (-5.0, 15.0) and stage2.train.init_from == "w.safetensors"
+    same = dataclasses.replace(
+        stage2,
+        train=dataclasses.replace(
+            stage2.train, lr=stage1.train.lr, epochs=stage1.train.epochs, over_weight=0.0, init_from=None
+        ),
+        data=dataclasses.replace(stage2.data, mixing=stage1.data.mixing),
+    )
+    assert same == stage1
