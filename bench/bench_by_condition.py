@@ -60,7 +60,10 @@ def breakdown(
         value = condition[s["name"]]
         files[value].add(s["name"])
         for m in metrics:
-            x = float(s[m]) if s.get(m) not in (None, "") else math.nan
+            try:
+                x = float(s[m]) if s.get(m) not in (None, "") else math.nan
+            except ValueError:
+                raise ValueError(f"{m} of {s['name']} ({s['system']}) is not a number: {s[m]!r}") from None
             if math.isfinite(x):
                 sums[(s["system"], m, value)].append(x)
     rows = []
@@ -99,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
             pairs = list(csv.DictReader(f))
     except OSError as e:
         print(f"error: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
+        return 2
+    except (UnicodeDecodeError, csv.Error) as e:
+        print(f"error: {args.per_file} or {args.pairs_csv} is not a readable CSV: {e}", file=sys.stderr)
         return 2
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
     if not scores or not pairs:

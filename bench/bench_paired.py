@@ -40,6 +40,8 @@ def read_side(spec: str) -> tuple[str, dict[str, dict[str, str]]]:
             rows = list(csv.DictReader(f))
     except OSError as e:
         raise ValueError(f"cannot read {path}: {e.strerror}") from None
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ValueError(f"{path} is not a readable CSV: {e}") from None
     if rows and not {"name", "system"} <= rows[0].keys():
         raise ValueError(f"{path} has no 'name' and 'system' columns")
     mine = {r["name"]: r for r in rows if r["system"] == system}
@@ -63,13 +65,18 @@ def paired(
             f"the two sides score different files ({len(only)} on one side only, first: {only[0]})"
         )
     names = sorted(base)
-    rng = np.random.default_rng(seed)
     rows = []
     for m in metrics:
         if m not in base[names[0]] or m not in new[names[0]]:
             raise ValueError(f"no column {m!r} on both sides")
-        a = np.array([float(base[n][m] or "nan") for n in names])
-        b = np.array([float(new[n][m] or "nan") for n in names])
+        rng = np.random.default_rng(
+            [seed, *m.encode()]
+        )  # per metric: its interval is the same in any --metrics
+        try:
+            a = np.array([float(base[n][m] or "nan") for n in names])
+            b = np.array([float(new[n][m] or "nan") for n in names])
+        except ValueError as e:
+            raise ValueError(f"a {m} value is not a number ({e})") from None
         keep = np.isfinite(a) & np.isfinite(b)
         a, b = a[keep], b[keep]
         row: dict[str, Any] = {"metric": m, "n": int(keep.sum())}

@@ -154,15 +154,23 @@ def _curve(rows: list[dict[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _training(train: dict[str, Any], data: dict[str, Any], rows: list[dict[str, str]]) -> str:
-    """One run's training line: optimiser, loss, SNR range, epochs and the epoch the weights are from."""
+def _training(
+    train: dict[str, Any], data: dict[str, Any], rows: list[dict[str, str]], weights: str = "best.safetensors"
+) -> str:
+    """One run's training line: optimiser, loss, SNR range, epochs and, when ``weights`` is the run's
+    ``best.safetensors``, the epoch they are from (another file of the run is only named)."""
     best = min(rows, key=lambda r: float(r["val_loss"]))
+    which = (
+        f"these weights are from epoch {best['epoch']} (lowest validation loss, {float(best['val_loss']):.4f})"
+        if weights == "best.safetensors"
+        else f"these weights are its file `{weights}`, not necessarily its best epoch (lowest validation loss:"
+        f" epoch {best['epoch']}, {float(best['val_loss']):.4f})"
+    )
     return (
         f"Adam lr {train['lr']}, batch {train['batch_size']}, lr x{train['lr_factor']} after {train['lr_patience']}"
         f" epochs without validation improvement, seed {train['seed']}, SNR U{data['mixing']['snr_db']} dB, on the"
         f" CPU.{_loss(train)}{_init(train)} **{len(rows)} epochs done of {train['epochs']} planned** (one epoch ="
-        f" one pass over the speech files in {data['mixing']['segment_seconds']:g}-s segments); these weights are"
-        f" from epoch {best['epoch']} (lowest validation loss, {float(best['val_loss']):.4f})."
+        f" one pass over the speech files in {data['mixing']['segment_seconds']:g}-s segments); {which}."
     )
 
 
@@ -173,16 +181,13 @@ def starting_weights(train: dict[str, Any]) -> str:
     if not init:
         return ""
     folder = Path(init).parent
-    if not (folder / "config.json").is_file() or not (folder / "metrics.csv").is_file():
-        return f"\n## Starting weights\n\n`{init}`: its run folder was not found at export time.\n"
-    cfg = json.loads((folder / "config.json").read_text())
-    rows = read_csv(folder / "metrics.csv")
-    return (
-        f"\n## Starting weights\n\n`{init}`, from the run `{folder}`: "
-        + _training(cfg["train"], cfg["data"], rows)
-        + "\n\n"
-        + _curve(rows)
-    )
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+        rows = read_csv(folder / "metrics.csv")
+        line = _training(cfg["train"], cfg["data"], rows, Path(init).name)
+    except (OSError, ValueError, KeyError, TypeError):  # no run folder, or not one this version can read
+        return f"\n## Starting weights\n\n`{init}`: no readable run folder beside it at export time.\n"
+    return f"\n## Starting weights\n\n`{init}`, from the run `{folder}`: " + line + "\n\n" + _curve(rows)
 
 
 def model_card(

@@ -76,3 +76,6 @@ def test_bad_inputs_are_reported_not_crashed(tmp_path: Path) -> None:
     assert r.returncode == 2 and "the pairs CSV has no column room" in r.stderr
     r = _run("--per-file", tmp_path / "absent.csv", "--pairs-csv", pairs)
     assert r.returncode == 2 and "cannot read" in r.stderr and "Traceback" not in r.stderr
+    (tmp_path / "latin1.csv").write_bytes(b"name,system,pesq\n\xff\xfe,tim,1.0\n")
+    r = _run("--per-file", tmp_path / "latin1.csv", "--pairs-csv", pairs, "--metrics", "pesq")
+    assert r.returncode == 2 and "not a readable CSV" in r.stderr and "Traceback" not in r.stderr

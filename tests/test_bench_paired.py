@@ -79,3 +79,18 @@ def test_mismatched_or_bad_inputs_are_errors(tmp_path: Path) -> None:
     assert r.returncode == 2 and "cannot read" in r.stderr and "Traceback" not in r.stderr
     r = _run("--base", f"{base}:s", "--new", f"{base}:s", "--metrics", "dnsmos_ovrl")
     assert r.returncode == 2 and "no column 'dnsmos_ovrl'" in r.stderr
+
+
+def test_an_interval_does_not_depend_on_the_other_metrics(tmp_path: Path) -> None:
+    import numpy as np
+
+    d = np.random.default_rng(2).normal(0.0, 0.1, (50, 2))
+    base = _table(tmp_path / "a.csv", [(f"f{i}", "s", 1.0, 0.5) for i in range(50)])
+    new = _table(tmp_path / "b.csv", [(f"f{i}", "s", 1.0 + x, 0.5 + y) for i, (x, y) in enumerate(d)])
+    got = []
+    for order in ("pesq,stoi", "stoi,pesq", "pesq"):
+        r = _run("--base", f"{base}:s", "--new", f"{new}:s", "--metrics", order, "--out", tmp_path / order)
+        assert r.returncode == 0, r.stderr
+        with open(tmp_path / order / "summary.csv", newline="") as f:
+            got.append(next(row for row in csv.DictReader(f) if row["metric"] == "pesq")["ci_low"])
+    assert len(set(got)) == 1

@@ -87,7 +87,7 @@ def test_model_card_names_a_warm_start_and_speech_pauses_only_when_used(tmp_path
     assert "Started from the weights of `runs/x/best.safetensors`" in cards["warm"]
     assert "a speech pause of 0.3-1.5 s in 50% of the segments" in cards["warm"]
     assert "weighted 2.5x (`--over-weight 1.5`)" in cards["warm"]
-    assert "its run folder was not found at export time" in cards["warm"]
+    assert "no readable run folder beside it at export time" in cards["warm"]
     for word in ("Started from", "speech pause", "over-weight", "Starting weights"):
         assert word not in cards["plain"]
     # the fine-tune's own SNR range, then the starting run's, with its curve and best epoch
@@ -98,3 +98,15 @@ def test_model_card_names_a_warm_start_and_speech_pauses_only_when_used(tmp_path
         and "from epoch 2 (lowest validation loss, 0.2500)" in start
     )
     assert "over-weight" not in cards["chained"]
+    # weights that are not the starting run's best file are named, not claimed to be its best epoch
+    other = dataclasses.replace(
+        chained, train=dataclasses.replace(chained.train, init_from=str(base / "ep1.safetensors"))
+    )
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text(json.dumps(to_dict(other)))
+    start = model_card("m", ck, tmp_path / "other", evaluation, "cmd", rows).split("## Starting weights")[1]
+    assert "these weights are its file `ep1.safetensors`, not necessarily its best epoch" in start
+    # a starting folder with an empty metrics file: the card says so instead of crashing
+    (base / "metrics.csv").write_text(header)
+    start = model_card("m", ck, tmp_path / "chained", evaluation, "cmd", rows).split("## Starting weights")[1]
+    assert "no readable run folder" in start
