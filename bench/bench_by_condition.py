@@ -20,11 +20,11 @@ import csv
 import math
 import shlex
 import sys
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from recipes.evaluate import write_csv, write_text
+from recipes.evaluate import summarize, write_csv, write_text
+from recipes.run_folder import read_csv
 
 
 def condition_of(pair: dict[str, str], by: str) -> str:
@@ -47,34 +47,28 @@ def breakdown(
     scores: list[dict[str, str]], pairs: list[dict[str, str]], by: str, metrics: list[str]
 ) -> tuple[list[str], list[dict[str, Any]], dict[str, int]]:
     """(condition values in order, one row per system and metric with the mean per value, files per value).
-    Files of ``scores`` with no row in ``pairs`` are an error (a breakdown of part of the set would mislead)."""
+    The means are :func:`recipes.evaluate.summarize`'s (over the files where the metric is finite). Files of
+    ``scores`` with no row in ``pairs`` are an error (a breakdown of part of the set would mislead)."""
     condition = {p["name"]: condition_of(p, by) for p in pairs}
     missing = sorted({s["name"] for s in scores} - condition.keys())
     if missing:
         raise ValueError(f"{len(missing)} scored files have no row in the pairs CSV (first: {missing[0]})")
     values = sorted({condition[s["name"]] for s in scores}, key=_sort_key)
     systems = list(dict.fromkeys(s["system"] for s in scores))
-    sums: dict[tuple[str, str, str], list[float]] = defaultdict(list)
-    files: dict[str, set[str]] = defaultdict(set)
-    for s in scores:
-        value = condition[s["name"]]
-        files[value].add(s["name"])
-        for m in metrics:
-            try:
-                x = float(s[m]) if s.get(m) not in (None, "") else math.nan
-            except ValueError:
-                raise ValueError(f"{m} of {s['name']} ({s['system']}) is not a number: {s[m]!r}") from None
-            if math.isfinite(x):
-                sums[(s["system"], m, value)].append(x)
-    rows = []
-    for m in metrics:
-        for system in systems:
-            row: dict[str, Any] = {"metric": m, "system": system}
-            for v in values:
-                got = sums.get((system, m, v), [])
-                row[v] = sum(got) / len(got) if got else math.nan
-            rows.append(row)
-    return values, rows, {v: len(files[v]) for v in values}
+    means: dict[str, dict[str, dict[str, float]]] = {}
+    for v in values:
+        group = [s for s in scores if condition[s["name"]] == v]
+        try:
+            means[v] = summarize(group, metrics, systems=systems, keys=metrics)
+        except ValueError as e:
+            raise ValueError(f"a score of the {by}={v} files is not a number ({e})") from None
+    rows = [
+        {"metric": m, "system": system, **{v: means[v][system][m] for v in values}}
+        for m in metrics
+        for system in systems
+    ]
+    counts = {v: len({s["name"] for s in scores if condition[s["name"]] == v}) for v in values}
+    return values, rows, counts
 
 
 def markdown(by: str, values: list[str], rows: list[dict[str, Any]], counts: dict[str, int]) -> str:
@@ -96,10 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="folder for summary.md / summary.csv")
     args = ap.parse_args(argv)
     try:
-        with open(args.per_file, newline="") as f:
-            scores = list(csv.DictReader(f))
-        with open(args.pairs_csv, newline="") as f:
-            pairs = list(csv.DictReader(f))
+        scores, pairs = read_csv(args.per_file), read_csv(args.pairs_csv)
     except OSError as e:
         print(f"error: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
         return 2

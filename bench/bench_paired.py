@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from recipes.evaluate import write_csv, write_text
+from recipes.run_folder import read_csv
 
 METRICS = "pesq,stoi,si_sdr,dnsmos_sig,dnsmos_bak,dnsmos_ovrl"
 COLUMNS = ["metric", "n", "base", "new", "diff", "ci_low", "ci_high", "new_better_share"]
@@ -36,8 +37,7 @@ def read_side(spec: str) -> tuple[str, dict[str, dict[str, str]]]:
     if not sep or not path or not system:
         raise ValueError(f"expected FILE:SYSTEM, got {spec!r}")
     try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
+        rows = read_csv(Path(path))
     except OSError as e:
         raise ValueError(f"cannot read {path}: {e.strerror}") from None
     except (UnicodeDecodeError, csv.Error) as e:
@@ -69,9 +69,8 @@ def paired(
     for m in metrics:
         if m not in base[names[0]] or m not in new[names[0]]:
             raise ValueError(f"no column {m!r} on both sides")
-        rng = np.random.default_rng(
-            [seed, *m.encode()]
-        )  # per metric: its interval is the same in any --metrics
+        # seeded per metric by name: a metric's interval is the same whatever else --metrics lists
+        rng = np.random.default_rng([seed, *m.encode()])
         try:
             a = np.array([float(base[n][m] or "nan") for n in names])
             b = np.array([float(new[n][m] or "nan") for n in names])
