@@ -120,6 +120,20 @@ def _pauses(mixing: dict[str, Any]) -> str:
     return f", a speech pause of {low:g}-{high:g} s in {prob:.0%} of the segments"
 
 
+def _augment(mixing: dict[str, Any]) -> str:
+    """The card's words for the augmentation (recipes.augment.AugmentConfig), if any of it was on."""
+    aug = mixing.get("augment") or {}
+    parts = []
+    if float(aug.get("speech_eq_prob", 0.0)) > 0:
+        parts.append(f"a random EQ (±{aug['eq_db']:g} dB) on the speech of {aug['speech_eq_prob']:.0%}")
+    if float(aug.get("noise_eq_prob", 0.0)) > 0:
+        parts.append(f"a random EQ (±{aug['eq_db']:g} dB) on the noise of {aug['noise_eq_prob']:.0%}")
+    if float(aug.get("noise_mix_prob", 0.0)) > 0:
+        low, high = aug["noise_mix_db"]
+        parts.append(f"a second noise at {low:g} to {high:g} dB in {aug['noise_mix_prob']:.0%}")
+    return f"; augmentation: {', '.join(parts)} of the segments" if parts else ""
+
+
 def _init(train: dict[str, Any]) -> str:
     return (
         f' Started from the weights of `{train["init_from"]}` (fresh optimizer; see "Starting weights").'
@@ -206,7 +220,7 @@ def model_card(
   overrides it).
 - **Training data**: the shared development corpus (`{", ".join(data.get("speech") or [])}` speech +
   `{", ".join(data.get("noise") or [])}` noise, dynamic mixing at SNR uniform in {data["mixing"]["snr_db"]} dB,
-  mixture level {data["mixing"]["level_dbfs"]} dBFS, {data["mixing"]["segment_seconds"]} s segments{_pauses(data["mixing"])}). Speech:
+  mixture level {data["mixing"]["level_dbfs"]} dBFS, {data["mixing"]["segment_seconds"]} s segments{_pauses(data["mixing"])}{_augment(data["mixing"])}). Speech:
   LibriSpeech (CC BY 4.0), LJSpeech (public domain), Tux Paint descriptions (GPL-2). Noise: freesound-events (no licence
   stated; internal R&D use), Hu nonspeech (research corpus), Speech Commands background (CC BY 4.0), SoundBible
   (per-clip terms), Tux Paint effects (GPL-2). See the corpus README for sources. **Because of the noise licences,

@@ -6,12 +6,13 @@ any process rank and a resumed run produce the same batches.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from recipes.audio_pool import AudioPool
+from recipes.augment import AugmentConfig, augment, augment_rng
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class MixingConfig:
     pause_prob: float = 0.0
     pause_seconds: tuple[float, float] = (0.3, 1.5)
     sample_rate: int = 16000
+    # random EQ of speech and noise, a second noise layered in (recipes.augment; off by default)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.pause_prob <= 1.0:
@@ -76,8 +79,17 @@ class MixingDataset(torch.utils.data.Dataset):
     def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         epoch, i = key
         rng = np.random.default_rng([self.seed, epoch, 1, i])
-        clean = self._speech(i, rng)
-        noisy, clean = mix(clean, self._noise(rng), rng, self.cfg)
+        clean, noise = self._speech(i, rng), self._noise(rng)
+        if self.cfg.augment.active:  # its own generator: the mixing draws below stay the same
+            clean, noise = augment(
+                clean,
+                noise,
+                augment_rng(self.seed, epoch, i),
+                self.cfg.augment,
+                self._noise,
+                self.cfg.sample_rate,
+            )
+        noisy, clean = mix(clean, noise, rng, self.cfg)
         insert_pause(noisy, clean, rng, self.cfg)  # after mix: runs without pauses draw the same mixes
         return torch.from_numpy(noisy), torch.from_numpy(clean)
 

@@ -53,6 +53,7 @@ def test_model_card_names_a_warm_start_and_speech_pauses_only_when_used(tmp_path
     import json
 
     from models.config_io import to_dict
+    from recipes.augment import AugmentConfig
     from recipes.datasets import DataConfig
     from recipes.evaluate import METRIC_KEYS
     from recipes.export import model_card
@@ -66,7 +67,14 @@ def test_model_card_names_a_warm_start_and_speech_pauses_only_when_used(tmp_path
     plain = RunConfig(TrainConfig(model="tiny"), DataConfig(speech=("s",), noise=("n",)))
     warm = RunConfig(
         dataclasses.replace(plain.train, init_from="runs/x/best.safetensors", over_weight=1.5),
-        dataclasses.replace(plain.data, mixing=MixingConfig(pause_prob=0.5, pause_seconds=(0.3, 1.5))),
+        dataclasses.replace(
+            plain.data,
+            mixing=MixingConfig(
+                pause_prob=0.5,
+                pause_seconds=(0.3, 1.5),
+                augment=AugmentConfig(noise_eq_prob=0.7, eq_db=9.0, noise_mix_prob=0.4),
+            ),
+        ),
     )
     # a warm start from a run folder that exists: the card carries that run's training line and curve
     base = tmp_path / "base"
@@ -87,8 +95,12 @@ def test_model_card_names_a_warm_start_and_speech_pauses_only_when_used(tmp_path
     assert "Started from the weights of `runs/x/best.safetensors`" in cards["warm"]
     assert "a speech pause of 0.3-1.5 s in 50% of the segments" in cards["warm"]
     assert "weighted 2.5x (`--over-weight 1.5`)" in cards["warm"]
+    assert (
+        "augmentation: a random EQ (±9 dB) on the noise of 70%, a second noise at -10 to 0 dB in 40% of the"
+        " segments" in cards["warm"]
+    )
     assert "no readable run folder beside it at export time" in cards["warm"]
-    for word in ("Started from", "speech pause", "over-weight", "Starting weights"):
+    for word in ("Started from", "speech pause", "over-weight", "Starting weights", "augmentation"):
         assert word not in cards["plain"]
     # the fine-tune's own SNR range, then the starting run's, with its curve and best epoch
     own, start = cards["chained"].split("## Starting weights")
