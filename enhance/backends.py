@@ -9,10 +9,13 @@
   (``bench/bench_chunk_sizes.py``). CPU, float32.
 * ``onnxruntime``: :class:`enhance.onnx_backend.OnnxStepper` on the step exported to a temporary file (up to 64
   frames per call); needs the ``onnx`` extra.
+* ``onnxruntime-int8``: the same with the step's weights in int8 (:func:`enhance.onnx_backend.quantize_step`):
+  the fastest per 16 ms hop on one CPU core, but not the same samples (about 38 dB signal to difference; the
+  same scores on the dev pairs, ``bench/bench_int8.py``). Chosen only by name.
 * ``auto``: ``torchscript`` when the model can run it (float32, on the CPU, a bounded attention context and the
   one-frame lookahead the fixed step is written for), else ``pytorch``.
 
-All give the same samples (float32 rounding; tested). A backend holds no per-stream state (that lives in the
+All but ``onnxruntime-int8`` give the same samples (float32 rounding; tested). A backend holds no per-stream state (that lives in the
 engine's :class:`enhance.streaming.StreamState`), so one backend can serve many streams, also from several threads
 at once (tested for ``torchscript``).
 """
@@ -28,7 +31,7 @@ import torch
 from models.enhancer import Enhancer
 from models.static_step import unsupported
 
-BACKENDS = ("auto", "pytorch", "torchscript", "onnxruntime")
+BACKENDS = ("auto", "pytorch", "torchscript", "onnxruntime", "onnxruntime-int8")
 
 
 def resolve_backend(model: Enhancer, name: str = "auto") -> str:
@@ -53,17 +56,17 @@ def streaming_backend(model: Enhancer, name: str = "auto", threads: int = 1) -> 
         from enhance.fixed_step import TracedStepper
 
         return TracedStepper(model)
-    if kind == "onnxruntime":
+    if kind in ("onnxruntime", "onnxruntime-int8"):
         try:
             import onnx  # noqa: F401
             import onnxruntime  # noqa: F401
         except ImportError as exc:
-            raise ImportError(
-                f"the onnxruntime backend needs: pip install 'tim-enhance[onnx]' ({exc})"
-            ) from None
-        from enhance.onnx_backend import OnnxStepper, export_step
+            raise ImportError(f"the {kind} backend needs: pip install 'tim-enhance[onnx]' ({exc})") from None
+        from enhance.onnx_backend import OnnxStepper, export_step, quantize_step
 
         with tempfile.TemporaryDirectory() as tmp:  # the session keeps the model in memory
             path = export_step(model, Path(tmp) / "step.onnx")
+            if kind == "onnxruntime-int8":
+                path = quantize_step(path, Path(tmp) / "step-int8.onnx")
             return OnnxStepper(path, model, threads=threads)
     return None

@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--stream-backend",
         choices=BACKENDS,
         default="auto",
-        help="what runs WebSocket streams' 16 ms steps (auto: torchscript on a CPU, else pytorch)",
+        help="what runs WebSocket streams' 16 ms steps (auto: torchscript on a CPU, else pytorch; onnxruntime-int8: "
+        "int8 weights, faster, about 38 dB from the float output)",
     )
     p.add_argument(
         "--stream-idle-timeout", type=float, default=60.0, help="close a stream silent for this long (s)"

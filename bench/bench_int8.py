@@ -1,0 +1,223 @@
+"""The int8 streaming step (backend ``onnxruntime-int8``) against the float32 one: how much faster, how close.
+
+    python bench/bench_int8.py [--model default | --checkpoint PATH] [--pairs ../shared/data] [--limit 120]
+        [--no-dnsmos] [--out bench/results/int8]
+
+A per-hop stream reads every weight of the model once per 16 ms hop: 23 MB in float32 for the default model, which
+sets a floor under the real-time factor (``bench/bench_step_floor.py``). ``enhance.onnx_backend.quantize_step``
+stores the weights in int8, a quarter of the bytes. This measures, in one process on one CPU thread:
+
+* **speed**: the exported step alone (ms per call, 1 and 2 new frames; fastest of 5 batches of ``--calls``
+  calls) and the whole streaming engine fed 16 ms and 32 ms chunks of a 10-s test signal (real-time factor;
+  fastest of 3 passes); float32 and int8 timed alternately, so that load from other processes hits both alike;
+* **accuracy**: each pair of ``--pairs`` (any layout of ``recipes.pairs``; default: the example file) enhanced by
+  the engine with each step, scored against the clean file (PESQ-wb, STOI, SI-SDR, DNSMOS unless
+  ``--no-dnsmos``), with the paired difference int8 − float32 and its 95 % bootstrap interval
+  (``bench_paired.paired``), and the signal-to-difference ratio of the int8 output to the float32 output.
+
+Writes ``summary.md``, ``speed.csv``, ``paired.csv`` and ``per_file.csv`` to ``--out`` (atomically) and prints
+the Markdown.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["OMP_NUM_THREADS"] = "1"  # one thread, set before numpy, torch and onnxruntime are imported
+
+import argparse
+import math
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/ (not a package)
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
+
+import bench_paired
+import numpy as np
+import torch
+from bench_streaming import test_signal
+
+from enhance.audio_io import load_mono_16k
+from enhance.onnx_backend import OnnxStepper, export_step, quantize_step
+from enhance.streaming import StreamingEnhancer
+from models.checkpoint import load_checkpoint
+from models.enhancer import Enhancer
+from models.pretrained import load_pretrained
+from recipes.evaluate import write_csv, write_text
+from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics
+from recipes.pairs import Pair, discover_pairs
+
+ROOT = Path(__file__).resolve().parents[1]
+KINDS = ("float32", "int8")
+
+
+def fastest_pair(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+    """The fastest of ``rounds`` results of each function, the functions run alternately round by round."""
+    best = {k: math.inf for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            best[k] = min(best[k], fn())
+    return best
+
+
+def step_timer(stepper: OnnxStepper, frames: int, calls: int) -> Callable[[], float]:
+    """Seconds per call of the exported step with ``frames`` new frames (a full ring; zeros)."""
+    state = stepper.new_state(1).channels[0]
+    feed = {
+        "feat": torch.zeros(1, frames, stepper.n_bins),
+        "mask": torch.zeros(frames, stepper.context + frames),
+    }
+    feed |= state
+    for _ in range(10):
+        stepper.run(feed)
+
+    def batch() -> float:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            stepper.run(feed)
+        return (time.perf_counter() - t0) / calls
+
+    return batch
+
+
+def engine_timer(engine: StreamingEnhancer, x: np.ndarray, chunk: int) -> Callable[[], float]:
+    """Real-time factor of one pass of ``x`` through ``engine`` in chunks of ``chunk`` samples."""
+
+    def one_pass() -> float:
+        engine.reset()
+        t0 = time.perf_counter()
+        for i in range(0, x.shape[1], chunk):
+            engine.process(x[:, i : i + chunk])
+        engine.flush()
+        return (time.perf_counter() - t0) * 16000 / x.shape[1]
+
+    one_pass()  # warm-up
+    return one_pass
+
+
+def enhance(engine: StreamingEnhancer, noisy: np.ndarray) -> np.ndarray:
+    engine.reset()
+    return np.concatenate([engine.process(noisy[None]), engine.flush()], axis=1)[0]
+
+
+def example_pairs() -> list[Pair]:
+    return [Pair("example", ROOT / "examples" / "noisy.wav", ROOT / "examples" / "clean.wav")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--model", default="default")
+    g.add_argument("--checkpoint")
+    ap.add_argument("--pairs", help="folder of noisy/clean pairs (default: examples/noisy.wav and clean.wav)")
+    ap.add_argument("--limit", type=int, default=120, help="score at most this many pairs")
+    ap.add_argument("--no-dnsmos", action="store_true")
+    ap.add_argument("--calls", type=int, default=200, help="step calls per timed batch")
+    ap.add_argument("--seconds", type=float, default=10.0, help="test signal for the engine's speed")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "int8"))
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
+    model: Enhancer = ck.model.float().eval()
+    if args.pairs:
+        try:
+            pairs = discover_pairs(args.pairs).pairs[: args.limit]
+        except ValueError as exc:
+            print(f"bench_int8: {exc}", file=sys.stderr)
+            return 2
+    else:
+        pairs = example_pairs()
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        float_path = export_step(model, Path(tmp) / "step.onnx")
+        int8_path = quantize_step(float_path, Path(tmp) / "step-int8.onnx")
+        sizes = {"float32": float_path.stat().st_size, "int8": int8_path.stat().st_size}
+        steppers = {"float32": OnnxStepper(float_path, model), "int8": OnnxStepper(int8_path, model)}
+    engines = {k: StreamingEnhancer(model, backend=s) for k, s in steppers.items()}
+
+    # speed
+    x = test_signal(args.seconds)[None]
+    speed: list[dict[str, Any]] = []
+    for what, frames in (("step alone, 1 frame per call", 1), ("step alone, 2 frames per call", 2)):
+        t = fastest_pair({k: step_timer(s, frames, args.calls) for k, s in steppers.items()}, 5)
+        for k in KINDS:
+            speed.append(
+                {"what": what, "kind": k, "ms_per_call": 1000 * t[k], "rtf": t[k] / (0.016 * frames)}
+            )
+    for chunk in (256, 512):
+        r = fastest_pair({k: engine_timer(e, x, chunk) for k, e in engines.items()}, 3)
+        for k in KINDS:
+            speed.append(
+                {"what": f"streaming engine, {chunk // 16} ms chunks", "kind": k, "ms_per_call": math.nan}
+                | {"rtf": r[k]}
+            )
+
+    # accuracy
+    scorer = None if args.no_dnsmos else DNSMOS()
+    per_file: list[dict[str, Any]] = []
+    diffs: list[float] = []
+    for i, pair in enumerate(pairs):
+        noisy, _, _ = load_mono_16k(pair.noisy_path)
+        clean, _, _ = load_mono_16k(pair.clean_path)
+        outs = {k: enhance(e, noisy) for k, e in engines.items()}
+        err = float(np.sum((outs["int8"] - outs["float32"]) ** 2))
+        diffs.append(10 * math.log10(float(np.sum(outs["float32"] ** 2)) / max(err, 1e-20)))
+        for k in KINDS:
+            per_file.append({"name": pair.name, "system": k} | compute_metrics(clean, outs[k], scorer))
+        if (i + 1) % 20 == 0:
+            print(f"[bench_int8] {i + 1}/{len(pairs)} pairs", file=sys.stderr)
+    sides = {
+        k: {r["name"]: {m: str(r[m]) for m in METRIC_KEYS} for r in per_file if r["system"] == k}
+        for k in KINDS
+    }
+    metrics = [m for m in METRIC_KEYS if scorer is not None or not m.startswith("dnsmos")]
+    paired = bench_paired.paired(sides["float32"], sides["int8"], metrics)
+
+    cmd = "python bench/bench_int8.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    lines = [
+        f"int8 against float32 streaming step, {time.strftime('%Y-%m-%d %H:%M')}, "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, one thread; model "
+        f"{args.checkpoint or repr(args.model)}. Load average before the run: {load_before:.2f}.",
+        "",
+        f"Command: `{cmd.strip()}`",
+        "",
+        f"Step file: {sizes['float32'] / 2**20:.1f} MiB float32, {sizes['int8'] / 2**20:.1f} MiB int8.",
+        "",
+        "| what | float32 ms/call | int8 ms/call | float32 RTF | int8 RTF | int8 / float32 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for a, b in zip(speed[::2], speed[1::2], strict=True):
+        ms = "–" if math.isnan(a["ms_per_call"]) else f"{a['ms_per_call']:.3f}"
+        ms8 = "–" if math.isnan(b["ms_per_call"]) else f"{b['ms_per_call']:.3f}"
+        lines.append(
+            f"| {a['what']} | {ms} | {ms8} | {a['rtf']:.3f} | {b['rtf']:.3f} | {b['rtf'] / a['rtf']:.2f} |"
+        )
+    d = np.array(diffs)
+    lines += [
+        "",
+        f"Accuracy on {len(pairs)} pair(s){' under `' + args.pairs + '`' if args.pairs else ' (the example file)'}: "
+        f"int8 output against float32 output, signal to difference median {np.median(d):.1f} dB "
+        f"(min {d.min():.1f}, max {d.max():.1f}). Scores against the clean files (base = float32, new = int8):",
+        "",
+        bench_paired.markdown(paired),
+    ]
+    text = "\n".join(lines)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "speed.csv", ["what", "kind", "ms_per_call", "rtf"], speed)
+    write_csv(out / "paired.csv", bench_paired.COLUMNS, paired)
+    write_csv(out / "per_file.csv", ["name", "system", *METRIC_KEYS], per_file)
+    write_text(out / "summary.md", text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

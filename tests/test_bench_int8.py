@@ -1,0 +1,54 @@
+"""bench/bench_int8.py runs end to end with the bundled default model on a tiny generated pairs set, writes its
+tables with every row filled, and refuses a folder with no pairs."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.audio_trees import dev_pairs
+from tests.conftest import speech_like
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "bench_int8.py"
+
+
+def test_bench_int8_end_to_end(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    pairs = dev_pairs(tmp_path / "pairs", [speech_like(1.5, seed=s) for s in (1, 2)], noise_std=0.02, seed=0)
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(SCRIPT), "--no-dnsmos", "--calls", "5", "--seconds", "1", "--out", str(out)]
+    done = subprocess.run(
+        [*cmd, "--pairs", str(pairs)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    with (out / "speed.csv").open(newline="") as f:
+        speed = list(csv.DictReader(f))
+    assert [(r["what"], r["kind"]) for r in speed[:2]] == [
+        ("step alone, 1 frame per call", "float32"),
+        ("step alone, 1 frame per call", "int8"),
+    ]
+    assert len(speed) == 8 and all(math.isfinite(float(r["rtf"])) and float(r["rtf"]) > 0 for r in speed)
+    with (out / "per_file.csv").open(newline="") as f:
+        per_file = list(csv.DictReader(f))
+    assert sorted((r["name"], r["system"]) for r in per_file) == [
+        (n, k) for n in ("0000", "0001") for k in ("float32", "int8")
+    ]
+    assert all(math.isfinite(float(r["pesq"])) for r in per_file)
+    with (out / "paired.csv").open(newline="") as f:
+        paired = {r["metric"]: r for r in csv.DictReader(f)}
+    assert list(paired) == ["pesq", "stoi", "si_sdr"] and all(r["n"] == "2" for r in paired.values())
+    summary = (out / "summary.md").read_text()
+    assert "signal to difference median" in summary and "| streaming engine, 16 ms chunks |" in summary
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bad = subprocess.run([*cmd, "--pairs", str(empty)], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "bench_int8:" in bad.stderr
