@@ -7,9 +7,11 @@ A per-hop stream reads every weight of the model once per 16 ms hop: 23 MB in fl
 sets a floor under the real-time factor (``bench/bench_step_floor.py``). ``enhance.onnx_backend.quantize_step``
 stores the weights in int8, a quarter of the bytes. This measures, in one process on one CPU thread:
 
-* **speed**: the exported step alone (ms per call, 1 and 2 new frames; fastest of 5 batches of ``--calls``
-  calls) and the whole streaming engine fed 16 ms and 32 ms chunks of a 10-s test signal (real-time factor;
-  fastest of 3 passes); float32 and int8 timed alternately, so that load from other processes hits both alike;
+* **speed** of the ``onnxruntime`` and ``onnxruntime-int8`` backends as ``enhance.backends`` builds them (a
+  one-frame step for per-hop calls beside the free one): the step alone (ms per call, 1 and 2 new frames;
+  fastest of 5 batches of ``--calls`` calls) and the whole streaming engine fed 16 ms and 32 ms chunks of a
+  10-s test signal (real-time factor; fastest of 3 passes); float32 and int8 timed alternately, so that load
+  from other processes hits both alike;
 * **accuracy**: each pair of ``--pairs`` (any layout of ``recipes.pairs``; default: the example file) enhanced by
   the engine with each step, scored against the clean file (PESQ-wb, STOI, SI-SDR, DNSMOS unless
   ``--no-dnsmos``), with the paired difference int8 − float32 and its 95 % bootstrap interval
@@ -45,6 +47,7 @@ import torch
 from bench_streaming import test_signal
 
 from enhance.audio_io import load_mono_16k
+from enhance.backends import streaming_backend
 from enhance.onnx_backend import OnnxStepper, export_step, quantize_step
 from enhance.streaming import StreamingEnhancer
 from models.checkpoint import load_checkpoint
@@ -56,6 +59,7 @@ from recipes.pairs import Pair, discover_pairs
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("float32", "int8")
+BACKENDS = ("onnxruntime", "onnxruntime-int8")
 
 
 def fastest_pair(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
@@ -139,7 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         float_path = export_step(model, Path(tmp) / "step.onnx")
         int8_path = quantize_step(float_path, Path(tmp) / "step-int8.onnx")
         sizes = {"float32": float_path.stat().st_size, "int8": int8_path.stat().st_size}
-        steppers = {"float32": OnnxStepper(float_path, model), "int8": OnnxStepper(int8_path, model)}
+    # the backends as enhance-cli and the server build them (a one-frame step for per-hop calls, and the free one)
+    steppers: dict[str, OnnxStepper] = {}
+    for kind, backend in zip(KINDS, BACKENDS, strict=True):
+        stepper = streaming_backend(model, backend)
+        assert isinstance(stepper, OnnxStepper)
+        steppers[kind] = stepper
     engines = {k: StreamingEnhancer(model, backend=s) for k, s in steppers.items()}
 
     # speed

@@ -7,8 +7,8 @@
 * ``torchscript``: :class:`enhance.fixed_step.TracedStepper`, the fixed-shape step traced and frozen, up to 64
   frames per call. On a CPU it is faster than eager PyTorch at every chunk size, 2.4x for 16 ms chunks
   (``bench/bench_chunk_sizes.py``). CPU, float32.
-* ``onnxruntime``: :class:`enhance.onnx_backend.OnnxStepper` on the step exported to a temporary file (up to 64
-  frames per call); needs the ``onnx`` extra.
+* ``onnxruntime``: :class:`enhance.onnx_backend.OnnxStepper` on the step exported to temporary files (up to 64
+  frames per call, and a one-frame export for per-hop calls); needs the ``onnx`` extra.
 * ``onnxruntime-int8``: the same with the step's weights in int8 (:func:`enhance.onnx_backend.quantize_step`):
   the fastest per 16 ms hop on one CPU core, but not the same samples (about 38 dB signal to difference; the
   same scores on the dev pairs, ``bench/bench_int8.py``). Chosen only by name.
@@ -64,9 +64,13 @@ def streaming_backend(model: Enhancer, name: str = "auto", threads: int = 1) -> 
             raise ImportError(f"the {kind} backend needs: pip install 'tim-enhance[onnx]' ({exc})") from None
         from enhance.onnx_backend import OnnxStepper, export_step, quantize_step
 
-        with tempfile.TemporaryDirectory() as tmp:  # the session keeps the model in memory
-            path = export_step(model, Path(tmp) / "step.onnx")
+        with tempfile.TemporaryDirectory() as tmp:  # the sessions keep the model in memory
+            # a free number of frames per call, and the one-frame step of per-hop streams (faster per call)
+            paths = [
+                export_step(model, Path(tmp) / "step.onnx"),
+                export_step(model, Path(tmp) / "one.onnx", frames=1),
+            ]
             if kind == "onnxruntime-int8":
-                path = quantize_step(path, Path(tmp) / "step-int8.onnx")
-            return OnnxStepper(path, model, threads=threads)
+                paths = [quantize_step(p, p.with_name(f"{p.stem}-int8.onnx")) for p in paths]
+            return OnnxStepper(paths[0], model, threads=threads, one_frame=paths[1])
     return None

@@ -180,21 +180,24 @@ def test_onnx_backend_equals_pytorch(tmp_path, name: str) -> None:
     limit = 12.0 if name == "tiny" else None  # the attenuation limit is part of the exported step
     model = Enhancer(dataclasses.replace(get_config(name), max_attenuation_db=limit)).eval()
     path = export_step(model, tmp_path / "step.onnx")
+    one = export_step(model, tmp_path / "one.onnx", frames=1)
     assert not model.training  # exporting must not switch dropout on
     x = (np.random.default_rng(6).standard_normal((2, 2900)) * 0.1).astype(np.float32)
     ref = enhance_waveform(model, x, return_competition=True)
-    engine = StreamingEnhancer(model, 2, with_competition=True, backend=OnnxStepper(path, model))
-    for n in (1, 2900):  # a one-sample stream and a normal one, the same engine
-        y, _ = _stream(engine, x[:, :n], _sizes(333, np.random.default_rng(0)))
-        assert np.abs(y - enhance_waveform(model, x[:, :n]).wav).max() < 1e-5
-    if ref.competition:
-        assert np.abs(engine.competition()[0] - ref.competition[0]).max() < 1e-5
+    for backend in (OnnxStepper(path, model), OnnxStepper(path, model, one_frame=one)):
+        engine = StreamingEnhancer(model, 2, with_competition=True, backend=backend)
+        for n, chunk in ((1, 333), (2900, 333), (2900, 256)):  # 256: one frame per call, the one-frame step's
+            y, _ = _stream(engine, x[:, :n], _sizes(chunk, np.random.default_rng(0)))
+            assert np.abs(y - enhance_waveform(model, x[:, :n]).wav).max() < 1e-5
+        if ref.competition:
+            assert np.abs(engine.competition()[0] - ref.competition[0]).max() < 1e-5
 
 
 def test_int8_backend_is_close_to_float_on_the_default_model_and_really_quantised(tmp_path) -> None:
     """``onnxruntime-int8``: the trained default model's step with int8 weights. Its output on the example file
     stays within 30 dB (signal to difference) of the float step's, but is not the float output (the weights
-    really are int8), and the quantiser leaves the root logger as it found it."""
+    really are int8); the same holds for the backend by name, whose one-frame int8 step runs these one-hop
+    chunks; and the quantiser leaves the root logger as it found it."""
     import logging
     from pathlib import Path
 
@@ -229,9 +232,9 @@ def test_int8_backend_is_close_to_float_on_the_default_model_and_really_quantise
             StreamingEnhancer(model, backend=backend), x, _sizes(256, np.random.default_rng(0))
         )
     ref = outs["float"]
-    snr = 10 * np.log10(np.sum(ref**2) / np.sum((outs["int8"] - ref) ** 2))
-    assert 30.0 < snr < 80.0
-    np.testing.assert_allclose(outs["by name"], outs["int8"], atol=1e-6)
+    for name in ("int8", "by name"):  # by name: the one-frame int8 step runs these one-hop chunks
+        snr = 10 * np.log10(np.sum(ref**2) / np.sum((outs[name] - ref) ** 2))
+        assert 30.0 < snr < 80.0, name
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-transformer", "tiny+mae"])
@@ -370,3 +373,19 @@ def test_onnx_backend_refuses_a_step_exported_by_an_older_version(tmp_path) -> N
     onnx.save(old, str(path))
     with pytest.raises(ValueError, match="export it again"):
         OnnxStepper(path, model)
+
+
+def test_onnx_backend_refuses_steps_with_the_wrong_frame_count(tmp_path) -> None:
+    """The main step needs a free number of frames, the one-frame step exactly one: each mix-up is a clear error."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from enhance.onnx_backend import OnnxStepper, export_step
+
+    model = _model("tiny")
+    free = export_step(model, tmp_path / "free.onnx")
+    two = export_step(model, tmp_path / "two.onnx", frames=2)
+    with pytest.raises(ValueError, match="fixed number of frames"):
+        OnnxStepper(two, model)
+    for wrong in (free, two):
+        with pytest.raises(ValueError, match="exactly 1 frame"):
+            OnnxStepper(free, model, one_frame=wrong)
