@@ -257,8 +257,11 @@ def test_usage_errors_exit_2(tmp_path: Path, ckpt: str) -> None:
     assert proc.returncode == 2 and b"--stream-backend needs --stream" in proc.stderr
 
 
-@pytest.mark.parametrize("backend", ["auto", "pytorch"])  # auto: torchscript here
+@pytest.mark.parametrize("backend", ["auto", "pytorch", "onnxruntime"])  # auto: torchscript here
 def test_stream_file_mode_equals_offline(tmp_path: Path, ckpt: str, backend: str) -> None:
+    if backend == "onnxruntime":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnx")
     x = noisy(2.3, 16000, channels=2)
     src = tmp_path / "in.wav"
     sf.write(src, x, 16000, subtype="FLOAT")
@@ -282,6 +285,33 @@ def test_stream_file_mode_equals_offline(tmp_path: Path, ckpt: str, backend: str
     assert np.abs(out - ref.wav).max() < 1e-5
     assert ref.competition is not None
     assert np.abs(np.load(tmp_path / "m.npz")["block2"] - ref.competition[0]).max() < 1e-5
+
+
+def test_stream_int8_backend_runs_from_the_cli(tmp_path: Path, ckpt: str) -> None:
+    """``--stream-backend onnxruntime-int8``: int8 weights, so not the offline samples, but the same length and
+    within 20 dB (signal to difference) of them (39 dB when written) for the small test model too."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    x = noisy(2.3, 16000)
+    src = tmp_path / "in.wav"
+    sf.write(src, x, 16000, subtype="FLOAT")
+    out_path = tmp_path / "o.wav"
+    proc = cli(
+        "--stream",
+        "--stream-backend",
+        "onnxruntime-int8",
+        str(src),
+        "-o",
+        str(out_path),
+        "--checkpoint",
+        ckpt,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    out, _ = load_audio(out_path)
+    ref = enhance_audio(load_checkpoint(ckpt).model, np.ascontiguousarray(x.T), 16000).wav
+    assert out.shape == ref.shape
+    snr = 10 * np.log10(np.sum(ref**2) / np.sum((out - ref) ** 2))
+    assert 20.0 < snr < 100.0
 
 
 def test_stream_raw_pcm_pipe(ckpt: str) -> None:
