@@ -10,14 +10,15 @@
 * ``onnxruntime``: :class:`enhance.onnx_backend.OnnxStepper` on the step exported to temporary files (up to 64
   frames per call, and a one-frame export for per-hop calls); needs the ``onnx`` extra.
 * ``onnxruntime-int8``: the same with the step's weights in int8 (:func:`enhance.onnx_backend.quantize_step`):
-  the fastest per 16 ms hop on one CPU core, but not the same samples (about 38 dB signal to difference; the
-  same scores on the dev pairs, ``bench/bench_int8.py``). Chosen only by name.
+  faster per 16 ms hop, but not the same samples (about 38 dB signal to difference; scores against the float
+  step in ``bench/bench_int8.py``). Chosen only by name. Creating it exports and quantises two steps: seconds of
+  start-up per CLI run or server model.
 * ``auto``: ``torchscript`` when the model can run it (float32, on the CPU, a bounded attention context and the
   one-frame lookahead the fixed step is written for), else ``pytorch``.
 
-All but ``onnxruntime-int8`` give the same samples (float32 rounding; tested). A backend holds no per-stream state (that lives in the
-engine's :class:`enhance.streaming.StreamState`), so one backend can serve many streams, also from several threads
-at once (tested for ``torchscript``).
+All but ``onnxruntime-int8`` give the same samples (float32 rounding; tested). A backend holds no per-stream
+state (that lives in the engine's :class:`enhance.streaming.StreamState`), so one backend can serve many streams,
+also from several threads at once (tested for ``torchscript``).
 """
 
 from __future__ import annotations

@@ -8,9 +8,8 @@ complete out), so the engine's framing, overlap-add and latency are unchanged; r
 to float32 rounding (tested). Needs ``onnx`` (export) and ``onnxruntime`` (run): ``pip install 'tim-enhance[onnx]'``.
 
 :func:`quantize_step` makes an int8 copy of an exported step (the ``onnxruntime-int8`` backend): its weights are a
-quarter of the bytes, which is what a per-hop stream spends most of its time reading. It is not the same numbers:
-the output differs from float32 by about 38 dB (signal to difference) and scores the same on the dev pairs
-(``bench/bench_int8.py``).
+quarter of the bytes (reading them is the largest single cost of a per-hop stream). It is not the same numbers:
+the output differs from float32 by about 38 dB (signal to difference); ``bench/bench_int8.py`` scores both.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import contextlib
 import copy
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,8 @@ def export_step(
     The step is exported from a float32 copy in eval mode (a new module is in training mode: without the explicit
     eval() below, dropout would be switched on); the caller's model is left as it was.
     """
+    if frames is not None and frames < 1:
+        raise ValueError(f"frames must be at least 1 (or None: free), got {frames}")
     step = StaticStep(copy.deepcopy(model).float()).eval()  # float32, without converting the caller's model
     example = frames or 2  # a free number of frames is exported from 2 new frames
     shapes = step.state_shapes(batch=1, frames=example)
@@ -74,19 +76,25 @@ def export_step(
     return Path(path)
 
 
+_ROOT_LOGGER_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
-def _quiet_root_logger() -> Iterator[None]:
-    """onnxruntime's quantiser logs advice through the root logger (and so would install a handler on it):
-    hold it back, and leave the root logger as it was."""
+def _keep_root_logger_bare() -> Iterator[None]:
+    """onnxruntime's quantiser logs through the module-level ``logging.info``/``warning``, which install a stderr
+    handler on the root logger when it has none (``logging.basicConfig``), changing how the rest of the process
+    logs. For the call, a root logger without handlers gets a NullHandler, removed afterwards; its level and any
+    handlers it has are left alone."""
     root = logging.getLogger()
-    handler, level = logging.NullHandler(), root.level
-    root.addHandler(handler)
-    root.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
+    with _ROOT_LOGGER_LOCK:
+        handler = None if root.handlers else logging.NullHandler()
+        if handler is not None:
+            root.addHandler(handler)
+        try:
+            yield
+        finally:
+            if handler is not None:
+                root.removeHandler(handler)
 
 
 def quantize_step(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
@@ -96,16 +104,19 @@ def quantize_step(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> P
 
     The graph is first constant-folded (onnxruntime's pre-processing, without its symbolic shape inference, which
     gives up on the step's free frame count): the pre-encoder's conv weights are reshaped in the graph, and
-    unfolded they would stay float32, 2.7M of the 5.9M weights. 7-bit weights (``reduce_range``) keep the
-    products exact on CPUs without VNNI instructions too, at a small cost (about 1.4 dB of the signal-to-difference
-    ratio here). Per-channel weights were tried: onnxruntime 1.31 refuses them at run time for the per-mechanism
-    (batched) products."""
+    unfolded they would stay float32, 2.7M of the 5.9M weights. 7-bit weights (``reduce_range``) avoid the 16-bit
+    saturation of uint8 x int8 pair sums on CPUs without VNNI instructions, at a small cost (about 1.4 dB of the
+    signal-to-difference ratio here). Per-channel weights were tried: onnxruntime 1.31 refuses them at run time for
+    the per-mechanism (batched) products.
+
+    Each product's input is scaled per call, over all the frames of the call, so the output depends a little on
+    how many frames go in at once (the backends run per-hop calls through a one-frame step)."""
     import tempfile
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    with tempfile.TemporaryDirectory() as tmp, atomic_path(dst) as out, _quiet_root_logger():
+    with tempfile.TemporaryDirectory() as tmp, atomic_path(dst) as out, _keep_root_logger_bare():
         folded = Path(tmp) / "folded.onnx"
         quant_pre_process(str(src), str(folded), skip_symbolic_shape=True)
         quantize_dynamic(str(folded), out, weight_type=QuantType.QInt8, reduce_range=True)
@@ -156,15 +167,14 @@ def _open(path: str | os.PathLike[str], threads: int, frames: int | None) -> Any
             f"{path} is not a step exported by this version of tim-enhance (it needs a float mask); export it "
             f"again: python -m enhance.onnx_backend --out {path}"
         )
+    again = "export it again with python -m enhance.onnx_backend (--model/--checkpoint, --int8 as before)"
     if frames is None and isinstance(feat.shape[1], int):
         raise ValueError(
-            f"{path} takes a fixed number of frames ({feat.shape[1]}); the main step needs a free number: "
-            f"python -m enhance.onnx_backend --out {path}"
+            f"{path} takes a fixed number of frames ({feat.shape[1]}); the main step needs a free number: {again}"
         )
     if frames is not None and feat.shape[1] != frames:
         raise ValueError(
-            f"{path} does not take exactly {frames} frame(s) per call: "
-            f"python -m enhance.onnx_backend --frames {frames} --out {path}"
+            f"{path} does not take exactly {frames} frame(s) per call: {again} --frames {frames}"
         )
     return session
 

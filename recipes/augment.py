@@ -52,18 +52,19 @@ def augment_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
 def random_eq(
     x: np.ndarray, rng: np.random.Generator, cfg: AugmentConfig, sample_rate: int = 16000
 ) -> np.ndarray:
-    """``x`` through a random zero-phase equaliser: gains drawn at ``cfg.eq_points`` log-spaced frequencies,
-    interpolated linearly in dB over log-frequency (flat below the first point and above the last), applied to the
-    segment's spectrum. The curve is smooth, so its impulse response is short and the circular wrap is inaudible."""
+    """``x`` through a random zero-phase equaliser: gains drawn at ``cfg.eq_points`` frequencies log-spaced from
+    62.5 Hz to half the sample rate, interpolated linearly in dB over log-frequency (flat below the first point),
+    applied to the spectrum of the segment zero-padded to twice its length, so the filter's ringing (tens of ms at
+    most) falls into the padding instead of wrapping round from one end of the segment to the other."""
     n = len(x)
     if n == 0:
         return x
     points = np.geomspace(62.5, sample_rate / 2, cfg.eq_points)
     gains_db = rng.uniform(-cfg.eq_db, cfg.eq_db, cfg.eq_points)
-    freqs = np.fft.rfftfreq(n, 1.0 / sample_rate)
+    freqs = np.fft.rfftfreq(2 * n, 1.0 / sample_rate)
     curve_db = np.interp(np.log(np.maximum(freqs, points[0])), np.log(points), gains_db)
-    spectrum = np.fft.rfft(x.astype(np.float64)) * 10.0 ** (curve_db / 20.0)
-    return np.fft.irfft(spectrum, n).astype(np.float32)
+    spectrum = np.fft.rfft(x.astype(np.float64), 2 * n) * 10.0 ** (curve_db / 20.0)
+    return np.fft.irfft(spectrum, 2 * n)[:n].astype(np.float32)
 
 
 def augment(
@@ -83,8 +84,10 @@ def augment(
         second = another_noise(rng)
         p1 = float(np.mean(noise.astype(np.float64) ** 2))
         p2 = float(np.mean(second.astype(np.float64) ** 2))
-        if p1 > 1e-10 and p2 > 1e-10:
-            rel = 10.0 ** (rng.uniform(*cfg.noise_mix_db) / 10.0)
+        rel = 10.0 ** (rng.uniform(*cfg.noise_mix_db) / 10.0)
+        if p1 <= 1e-10:  # a silent stretch of the first: the second alone (mixing sets the SNR anyway)
+            noise = second
+        elif p2 > 1e-10:
             noise = (noise + second * np.sqrt(rel * p1 / p2)).astype(np.float32)
     if cfg.noise_eq_prob > 0 and rng.random() < cfg.noise_eq_prob:
         noise = random_eq(noise, rng, cfg, sample_rate)

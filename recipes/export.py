@@ -124,13 +124,15 @@ def _augment(mixing: dict[str, Any]) -> str:
     """The card's words for the augmentation (recipes.augment.AugmentConfig), if any of it was on."""
     aug = mixing.get("augment") or {}
     parts = []
-    if float(aug.get("speech_eq_prob", 0.0)) > 0:
-        parts.append(f"a random EQ (±{aug['eq_db']:g} dB) on the speech of {aug['speech_eq_prob']:.0%}")
-    if float(aug.get("noise_eq_prob", 0.0)) > 0:
-        parts.append(f"a random EQ (±{aug['eq_db']:g} dB) on the noise of {aug['noise_eq_prob']:.0%}")
-    if float(aug.get("noise_mix_prob", 0.0)) > 0:
-        low, high = aug["noise_mix_db"]
-        parts.append(f"a second noise at {low:g} to {high:g} dB in {aug['noise_mix_prob']:.0%}")
+    eq_db = float(aug.get("eq_db", 0.0))
+    for what in ("speech", "noise"):
+        prob = float(aug.get(f"{what}_eq_prob", 0.0))
+        if prob > 0 and eq_db > 0:
+            parts.append(f"a random EQ (±{eq_db:g} dB) of the {what} in {prob:.0%}")
+    prob = float(aug.get("noise_mix_prob", 0.0))
+    if prob > 0:
+        low, high = aug.get("noise_mix_db", (-10.0, 0.0))
+        parts.append(f"a second noise at {low:g} to {high:g} dB relative to the first in {prob:.0%}")
     return f"; augmentation: {', '.join(parts)} of the segments" if parts else ""
 
 

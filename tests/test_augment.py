@@ -35,6 +35,11 @@ def test_random_eq_changes_the_spectrum_within_its_range_and_eq_db_0_is_the_iden
     flat = random_eq(x, augment_rng(1, 0, 0), AugmentConfig(eq_db=0.0))
     np.testing.assert_allclose(flat, x, atol=1e-5)
     assert random_eq(np.zeros(0, np.float32), augment_rng(1, 0, 0), cfg).shape == (0,)
+    # filtered with zero padding: an impulse at the start rings on for a while but never wraps round to the end
+    impulse = np.zeros(16000, np.float32)
+    impulse[0] = 1.0
+    rung = random_eq(impulse, augment_rng(1, 0, 3), cfg)
+    assert np.abs(rung[:80]).max() > 1e-3 and np.abs(rung[-4000:]).max() < 1e-5
 
 
 def test_a_second_noise_is_added_at_a_level_in_its_range() -> None:
@@ -52,6 +57,15 @@ def test_a_second_noise_is_added_at_a_level_in_its_range() -> None:
         )
         assert -6.0 - 1e-3 <= rel_db <= -3.0 + 1e-3
         np.testing.assert_allclose(added / np.abs(added).max(), second / np.abs(second).max(), atol=1e-5)
+
+
+def test_a_silent_first_noise_is_replaced_by_the_second() -> None:
+    second = np.random.default_rng(1).standard_normal(8000).astype(np.float32)
+    cfg = AugmentConfig(noise_mix_prob=1.0)
+    _, out = augment(
+        np.ones(8000, np.float32), np.zeros(8000, np.float32), augment_rng(0, 0, 0), cfg, lambda _: second
+    )
+    np.testing.assert_array_equal(out, second)
 
 
 def test_augmentation_off_draws_nothing_and_config_errors_are_clear() -> None:
@@ -89,3 +103,17 @@ def test_augmentation_keeps_the_mixing_draws_so_snr_level_and_crops_are_unchange
         np.testing.assert_allclose(cb.numpy(), ca.numpy(), atol=1e-5)
         assert not np.allclose(cc.numpy(), ca.numpy(), atol=1e-3)  # a real EQ changes the speech
         assert not np.allclose((nc - cc).numpy(), (na - ca).numpy(), atol=1e-3)  # and the noise
+    # a second noise changes the mixture's level, so the clean target is the same crop at another gain
+    layered = dataclasses.replace(plain, augment=AugmentConfig(noise_mix_prob=1.0))
+    d = MixingDataset(*pools, layered, seed=7)
+    for key in [(0, 0), (0, 3), (2, 1)]:
+        ca, cd = a[key][1].numpy(), d[key][1].numpy()
+        scale = float(np.dot(cd, ca) / np.dot(ca, ca))
+        np.testing.assert_allclose(cd, scale * ca, atol=1e-6)
+        assert not np.allclose(d[key][0].numpy() - cd, scale * (a[key][0].numpy() - ca), atol=1e-4)
+        # and the same SNR: the mixing's draws did not move (the second noise came from the augmentation's own)
+        snr = [
+            10 * np.log10(np.sum(c**2) / np.sum((n.numpy() - c) ** 2))
+            for n, c in ((a[key][0], ca), (d[key][0], cd))
+        ]
+        assert abs(snr[0] - snr[1]) < 1e-3

@@ -50,5 +50,7 @@ def test_bench_int8_end_to_end(tmp_path: Path) -> None:
     assert "signal to difference median" in summary and "| streaming engine, 16 ms chunks |" in summary
     empty = tmp_path / "empty"
     empty.mkdir()
-    bad = subprocess.run([*cmd, "--pairs", str(empty)], cwd=ROOT, env=env, capture_output=True, text=True)
+    bad = subprocess.run(
+        [*cmd, "--pairs", str(empty)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     assert bad.returncode == 2 and "bench_int8:" in bad.stderr

@@ -96,8 +96,8 @@ def test_model_card_names_a_warm_start_and_speech_pauses_only_when_used(tmp_path
     assert "a speech pause of 0.3-1.5 s in 50% of the segments" in cards["warm"]
     assert "weighted 2.5x (`--over-weight 1.5`)" in cards["warm"]
     assert (
-        "augmentation: a random EQ (±9 dB) on the noise of 70%, a second noise at -10 to 0 dB in 40% of the"
-        " segments" in cards["warm"]
+        "augmentation: a random EQ (±9 dB) of the noise in 70%, a second noise at -10 to 0 dB relative to the first"
+        " in 40% of the segments" in cards["warm"]
     )
     assert "no readable run folder beside it at export time" in cards["warm"]
     for word in ("Started from", "speech pause", "over-weight", "Starting weights", "augmentation"):

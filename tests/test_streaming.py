@@ -184,16 +184,36 @@ def test_onnx_backend_equals_pytorch(tmp_path, name: str) -> None:
     assert not model.training  # exporting must not switch dropout on
     x = (np.random.default_rng(6).standard_normal((2, 2900)) * 0.1).astype(np.float32)
     ref = enhance_waveform(model, x, return_competition=True)
-    for backend in (OnnxStepper(path, model), OnnxStepper(path, model, one_frame=one)):
+    calls = {"free": 0, "one": 0}
+
+    def counted(session, key: str):
+        run = session.run
+
+        def wrapper(*args, **kwargs):
+            calls[key] += 1
+            return run(*args, **kwargs)
+
+        return wrapper
+
+    with_one = OnnxStepper(path, model, one_frame=one)
+    assert with_one.one_frame_session is not None
+    with_one.session.run = counted(with_one.session, "free")  # type: ignore[method-assign]
+    with_one.one_frame_session.run = counted(with_one.one_frame_session, "one")  # type: ignore[method-assign]
+    for backend in (OnnxStepper(path, model), with_one):
         engine = StreamingEnhancer(model, 2, with_competition=True, backend=backend)
-        for n, chunk in ((1, 333), (2900, 333), (2900, 256)):  # 256: one frame per call, the one-frame step's
+        for n, chunk in ((1, 333), (2900, 256), (2900, 333)):  # 256: one frame per call, the one-frame step's
             y, _ = _stream(engine, x[:, :n], _sizes(chunk, np.random.default_rng(0)))
             assert np.abs(y - enhance_waveform(model, x[:, :n]).wav).max() < 1e-5
+            if backend is with_one and chunk == 256:
+                assert calls["one"] > 0 and calls["free"] <= 4  # the end's padding may come with a frame
         if ref.competition:
             assert np.abs(engine.competition()[0] - ref.competition[0]).max() < 1e-5
+    assert calls["free"] > 4  # 333-sample chunks: mostly 1 or 2 frames per call
 
 
-def test_int8_backend_is_close_to_float_on_the_default_model_and_really_quantised(tmp_path) -> None:
+def test_int8_backend_is_close_to_float_on_the_default_model_and_really_quantised(
+    tmp_path, monkeypatch
+) -> None:
     """``onnxruntime-int8``: the trained default model's step with int8 weights. Its output on the example file
     stays within 30 dB (signal to difference) of the float step's, but is not the float output (the weights
     really are int8); the same holds for the backend by name, whose one-frame int8 step runs these one-hop
@@ -210,10 +230,14 @@ def test_int8_backend_is_close_to_float_on_the_default_model_and_really_quantise
     from models.pretrained import load_pretrained
 
     model = load_pretrained("default").model
-    handlers = list(logging.getLogger().handlers)
+    root = logging.getLogger()
+    monkeypatch.setattr(
+        root, "handlers", []
+    )  # a process that set up no logging (pytest's capture is on root)
+    monkeypatch.setattr(root, "level", logging.WARNING)
     float_path = export_step(model, tmp_path / "step.onnx")
     int8_path = quantize_step(float_path, tmp_path / "step-int8.onnx")
-    assert logging.getLogger().handlers == handlers
+    assert root.handlers == [] and root.level == logging.WARNING  # the quantiser's logging installed nothing
     ops = {node.op_type for node in onnx.load(str(int8_path)).graph.node}
     assert "DynamicQuantizeLinear" in ops or "MatMulIntegerToFloat" in ops
     weights = [t for t in onnx.load(str(int8_path)).graph.initializer if np.prod(t.dims) > 10_000]
