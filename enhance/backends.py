@@ -10,7 +10,7 @@
 * ``onnxruntime``: :class:`enhance.onnx_backend.OnnxStepper` on the step exported to temporary files (up to 64
   frames per call, and a one-frame export for per-hop calls); needs the ``onnx`` extra.
 * ``onnxruntime-int8``: the same with the step's weights in int8 (:func:`enhance.onnx_backend.quantize_step`):
-  faster per 16 ms hop, but not the same samples (about 38 dB signal to difference; scores against the float
+  faster per 16 ms hop, but not the same samples (about 36 dB signal to difference; scores against the float
   step in ``bench/bench_int8.py``). Chosen only by name. Creating it exports and quantises two steps: seconds of
   start-up per CLI run or server model.
 * ``auto``: ``torchscript`` when the model can run it (float32, on the CPU, a bounded attention context and the

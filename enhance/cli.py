@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=BACKENDS,
         help="what runs the model's 16 ms steps (with --stream): auto (the default) = torchscript on a CPU (2.4x "
         "faster than pytorch per 16 ms hop), else pytorch; onnxruntime needs the 'onnx' extra. Same samples, but "
-        "for onnxruntime-int8 (int8 weights: faster, about 38 dB from the float output)",
+        "for onnxruntime-int8 (int8 weights: faster, about 36 dB from the float output)",
     )
     s.add_argument("--pcm", choices=["s16le", "f32le"], default="s16le", help="raw pipe sample format")
     s.add_argument("--rate", type=int, default=16000, help="raw pipe sample rate (default %(default)s)")

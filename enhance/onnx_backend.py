@@ -9,7 +9,7 @@ to float32 rounding (tested). Needs ``onnx`` (export) and ``onnxruntime`` (run):
 
 :func:`quantize_step` makes an int8 copy of an exported step (the ``onnxruntime-int8`` backend): its weights are a
 quarter of the bytes (reading them is the largest single cost of a per-hop stream). It is not the same numbers:
-the output differs from float32 by about 38 dB (signal to difference); ``bench/bench_int8.py`` scores both.
+the output differs from float32 by about 36 dB (signal to difference); ``bench/bench_int8.py`` scores both.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def export_step(
 ) -> Path:
     """Write the step of ``model`` (float32, one channel) to ``path``, atomically. ``frames``: None (the default)
     leaves the number of new frames per call free; a number fixes it, so the exporter can fold the graph's shape
-    arithmetic away (about 370 fewer nodes for the default model): the one-frame step of a per-hop stream
+    arithmetic away (about 360 fewer nodes for the default model's int8 step): the one-frame step of a per-hop stream
     (:class:`OnnxStepper`'s ``one_frame``) is then faster per call.
 
     The step is exported from a float32 copy in eval mode (a new module is in training mode: without the explicit

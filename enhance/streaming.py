@@ -47,7 +47,8 @@ class StreamingEnhancer:
     ) -> None:
         """``backend``: None runs ``model.step`` (PyTorch); :class:`enhance.fixed_step.TracedStepper` (TorchScript)
         or :class:`enhance.onnx_backend.OnnxStepper` (onnxruntime) run the fixed-shape step, faster on a CPU
-        (:mod:`enhance.backends` chooses). All give the same samples."""
+        (:mod:`enhance.backends` chooses). All give the same samples, but for an OnnxStepper on an int8 step
+        (``onnxruntime-int8``), which is close to them."""
         self.model, self.with_competition = model.eval(), with_competition
         self.backend = backend if backend is not None else model
         self.cfg = model.cfg.stft

@@ -3,7 +3,7 @@ second noise file layered over the first.
 
 With 45 minutes of training noise and 1.5 hours of speech (the shared corpus), the default model fits its training
 mixtures far better than the dev pairs, whose noise and speakers it has never heard (training loss 0.0055 against
-0.0095 on the dev pairs at epoch 60). These widen what a segment can sound like without new recordings.
+0.0092 on the dev pairs at epoch 58). These widen what a segment can sound like without new recordings.
 
 Every augmentation draws from its own generator (``augment_rng``), separate from the mixing draws, and a
 probability of 0 (the default) draws nothing: runs configured before this module existed, or with it off, see

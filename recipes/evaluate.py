@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -239,7 +240,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-dnsmos", action="store_true", help="skip DNSMOS (its columns are left NaN)")
     parser.add_argument("--device", default="cpu", help="torch device for the model (default: cpu)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed for --model-config (default: 0)")
+    parser.add_argument(
+        "--max-attenuation-db",
+        type=_limit_db,
+        metavar="DB",
+        help="score with this attenuation limit (what recipes.export bundles, e.g. 20; 'inf' = none) instead of "
+        "the checkpoint's own (a training run's checkpoints have none)",
+    )
     return parser
+
+
+def _limit_db(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0 dB (or inf), got {text}")
+    return value
 
 
 def load_model(args: argparse.Namespace) -> Enhancer:
@@ -250,6 +265,9 @@ def load_model(args: argparse.Namespace) -> Enhancer:
     else:
         torch.manual_seed(args.seed)
         model = Enhancer(get_config(args.model_config))
+    limit = getattr(args, "max_attenuation_db", None)
+    if limit is not None:  # the limit is read at forward time, like enhance-cli --max-attenuation-db
+        model.cfg = dataclasses.replace(model.cfg, max_attenuation_db=None if math.isinf(limit) else limit)
     return model.to(device).eval()
 
 

@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=BACKENDS,
         default="auto",
         help="what runs WebSocket streams' 16 ms steps (auto: torchscript on a CPU, else pytorch; onnxruntime-int8: "
-        "int8 weights, faster, about 38 dB from the float output)",
+        "int8 weights, faster, about 36 dB from the float output)",
     )
     p.add_argument(
         "--stream-idle-timeout", type=float, default=60.0, help="close a stream silent for this long (s)"

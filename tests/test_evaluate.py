@@ -270,3 +270,28 @@ def test_main_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "unknown model config" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--pairs", str(data), "--out", str(tmp_path / "o")])  # neither --checkpoint nor --model-config
+
+
+def test_evaluate_can_score_at_an_attenuation_limit(tmp_path: Path) -> None:
+    """``--max-attenuation-db`` scores a training checkpoint (no limit) the way the export bundles it; 'inf'
+    removes a limit; nonsense is a usage error."""
+    from models import Enhancer, get_config, save_checkpoint
+    from recipes.evaluate import build_parser, load_model
+
+    ckpt = tmp_path / "m.safetensors"
+    save_checkpoint(ckpt, Enhancer(get_config("tiny")), "tiny")
+    parser = build_parser()
+    base = ["--checkpoint", str(ckpt), "--pairs", "p", "--out", "o"]
+    assert load_model(parser.parse_args(base)).cfg.max_attenuation_db is None
+    assert load_model(parser.parse_args([*base, "--max-attenuation-db", "20"])).cfg.max_attenuation_db == 20.0
+    limited = tmp_path / "l.safetensors"
+    save_checkpoint(limited, load_model(parser.parse_args([*base, "--max-attenuation-db", "12"])), "tiny")
+    relimited = ["--checkpoint", str(limited), "--pairs", "p", "--out", "o"]
+    assert load_model(parser.parse_args(relimited)).cfg.max_attenuation_db == 12.0
+    assert (
+        load_model(parser.parse_args([*relimited, "--max-attenuation-db", "inf"])).cfg.max_attenuation_db
+        is None
+    )
+    for bad in ("0", "-3", "loud"):
+        with pytest.raises(SystemExit):
+            parser.parse_args([*base, "--max-attenuation-db", bad])
