@@ -5,7 +5,7 @@
 
 * ``pytorch``: :meth:`models.enhancer.Enhancer.step`, eager PyTorch. Any device, dtype and configuration.
 * ``torchscript``: :class:`enhance.fixed_step.TracedStepper`, the fixed-shape step traced and frozen, up to 64
-  frames per call. On a CPU it is faster than eager PyTorch at every chunk size, 2.4x for 16 ms chunks
+  frames per call. On a CPU it is faster than eager PyTorch at every chunk size, 1.8-2.4x for 16 ms chunks
   (``bench/bench_chunk_sizes.py``). CPU, float32.
 * ``onnxruntime``: :class:`enhance.onnx_backend.OnnxStepper` on the step exported to temporary files (up to 64
   frames per call, and a one-frame export for per-hop calls); needs the ``onnx`` extra.

@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--stream-backend",
         choices=BACKENDS,
-        help="what runs the model's 16 ms steps (with --stream): auto (the default) = torchscript on a CPU (2.4x "
+        help="what runs the model's 16 ms steps (with --stream): auto (the default) = torchscript on a CPU (about 2x "
         "faster than pytorch per 16 ms hop), else pytorch; onnxruntime needs the 'onnx' extra. Same samples, but "
         "for onnxruntime-int8 (int8 weights: faster, about 36 dB from the float output)",
     )
