@@ -34,7 +34,6 @@ Writes ``summary.md`` and ``summary.csv`` to ``--out`` (atomically) and prints t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import os
 import shlex
@@ -211,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
     model = ck.model.eval()
-    model.cfg = dataclasses.replace(model.cfg, max_attenuation_db=None)  # the post-filters apply any limit
+    model.set_max_attenuation(None)  # the post-filters apply any limit
     peer_names = [n for n in args.peers.split(",") if n.strip()]
     entries = bench_quality.build_systems(peer_names, None, {}) if peer_names else []
     signal = bench_quality.calibration_audio(bench_quality.ROOT / "examples" / "noisy.wav")[0]

@@ -19,10 +19,8 @@ Exit status: 0 when every file was enhanced, 1 when any file failed (the others 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import glob
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -147,8 +145,7 @@ def load_model(args: argparse.Namespace) -> Checkpoint:
     else:
         ck = load_pretrained(args.model, args.device)
     if args.max_attenuation_db is not None:
-        limit = None if math.isinf(args.max_attenuation_db) else args.max_attenuation_db
-        ck.model.cfg = dataclasses.replace(ck.model.cfg, max_attenuation_db=limit)
+        ck.model.set_max_attenuation(args.max_attenuation_db)
     return ck
 
 

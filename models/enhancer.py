@@ -8,6 +8,8 @@ Output frame t depends on input frames ``t - receptive_past ... t + lookahead`` 
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -117,6 +119,12 @@ class Enhancer(nn.Module):
                 layers.append(StandardLayer(cfg.standard, sdu, mae))
         self.layers = nn.ModuleList(layers)
         self.head = nn.Linear(cfg.d_model, cfg.pre_encoder.n_bins)
+
+    def set_max_attenuation(self, db: float | None) -> None:
+        """Never attenuate more than ``db`` dB from now on (None or inf: no limit). The limit is part of the config
+        (saved with a checkpoint) and read at every forward/step, so it needs no new weights."""
+        limit = None if db is None or math.isinf(db) else float(db)
+        self.cfg = dataclasses.replace(self.cfg, max_attenuation_db=limit)
 
     @property
     def competition_blocks(self) -> list[int]:

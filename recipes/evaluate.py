@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import io
 import json
 import math
@@ -265,9 +264,8 @@ def load_model(args: argparse.Namespace) -> Enhancer:
     else:
         torch.manual_seed(args.seed)
         model = Enhancer(get_config(args.model_config))
-    limit = getattr(args, "max_attenuation_db", None)
-    if limit is not None:  # the limit is read at forward time, like enhance-cli --max-attenuation-db
-        model.cfg = dataclasses.replace(model.cfg, max_attenuation_db=None if math.isinf(limit) else limit)
+    if args.max_attenuation_db is not None:
+        model.set_max_attenuation(args.max_attenuation_db)
     return model.to(device).eval()
 
 

@@ -12,7 +12,6 @@ Every number in the card comes from this command's own evaluation run.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import sys
@@ -68,7 +67,7 @@ def sweep_attenuation(
     dnsmos = DNSMOS() if dnsmos is True else dnsmos  # one ONNX session for every limit
     keys = ("pesq", "stoi", "si_sdr") + (DNSMOS_KEYS if dnsmos else ())
     for limit in limits:
-        ck.model.cfg = dataclasses.replace(ck.model.cfg, max_attenuation_db=limit)
+        ck.model.set_max_attenuation(limit)
         tag = "none" if limit is None else f"{limit:g}"
         r = evaluate(ck.model, pairs, out / f"sweep-{tag}", dnsmos=dnsmos, log=None)["summary"]
         rows.append({"limit_db": limit, **{k: r["enhanced"][k] for k in keys}, "noisy": r["noisy"]})
@@ -278,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--sweep-select {args.sweep_select} needs DNSMOS (drop --no-dnsmos)")
         sweep_rows = sweep_attenuation(ck, pairs[: args.sweep_pairs], limits, out, dnsmos=dnsmos)
         best = best_row(sweep_rows, args.sweep_select)
-        ck.model.cfg = dataclasses.replace(ck.model.cfg, max_attenuation_db=best["limit_db"])
+        ck.model.set_max_attenuation(best["limit_db"])
         sweep = "\n" + sweep_table(sweep_rows, args.sweep_pairs, args.sweep_select)
     evaluation = evaluate(ck.model, pairs, out, dnsmos=dnsmos, limit=args.limit)
     evaluation["pairs_root"] = args.pairs
