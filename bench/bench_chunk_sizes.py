@@ -15,11 +15,14 @@ Prints a Markdown table and writes ``bench/results/chunk-sizes.md``.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -34,8 +37,20 @@ from models.checkpoint import load_checkpoint  # noqa: E402
 from models.pretrained import load_pretrained  # noqa: E402
 from recipes.evaluate import write_text  # noqa: E402
 
+T = TypeVar("T")
+
 CHUNKS = (256, 512, 800, 1600, 4800, 16000)
 BACKENDS = ("pytorch", "torchscript", "onnxruntime", "onnxruntime-int8")
+
+
+def fastest_alternating(fns: dict[T, Callable[[], float]], rounds: int) -> dict[T, float]:
+    """The smallest of ``rounds`` results of each function, the functions run in turn round by round (so a slow
+    spell of a shared machine hits all of them alike)."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(max(1, rounds)):
+        for key, fn in fns.items():
+            best[key] = min(best[key], fn())
+    return best
 
 
 def rtf(engine: StreamingEnhancer, x: np.ndarray, chunk: int) -> float:
@@ -75,10 +90,9 @@ def main() -> int:
     names = list(engines)
     rows = []
     for chunk in CHUNKS:
-        best = dict.fromkeys(names, float("inf"))
-        for _ in range(max(1, args.rounds)):
-            for b in names:
-                best[b] = min(best[b], rtf(engines[b], x, chunk))
+        best = fastest_alternating(
+            {b: functools.partial(rtf, engines[b], x, chunk) for b in names}, args.rounds
+        )
         ref = best.get("torchscript")
         cells = [
             f"{best[b]:.3f}" + (f" ({best[b] / ref:.2f})" if ref and b != "torchscript" else "")

@@ -28,11 +28,11 @@ import os
 os.environ["OMP_NUM_THREADS"] = "1"  # one thread, set before numpy, torch and onnxruntime are imported
 
 import argparse
+import functools
 import math
 import platform
 import shlex
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,11 +44,11 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import bench_paired
 import numpy as np
 import torch
+from bench_chunk_sizes import fastest_alternating, rtf
 from bench_streaming import test_signal
 
 from enhance.audio_io import load_mono_16k
-from enhance.backends import streaming_backend
-from enhance.onnx_backend import OnnxStepper, export_step, quantize_step
+from enhance.onnx_backend import OnnxStepper, onnx_stepper
 from enhance.streaming import StreamingEnhancer
 from models.checkpoint import load_checkpoint
 from models.enhancer import Enhancer
@@ -59,16 +59,6 @@ from recipes.pairs import Pair, discover_pairs
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("float32", "int8")
-BACKENDS = ("onnxruntime", "onnxruntime-int8")
-
-
-def fastest_pair(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
-    """The fastest of ``rounds`` results of each function, the functions run alternately round by round."""
-    best = {k: math.inf for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            best[k] = min(best[k], fn())
-    return best
 
 
 def step_timer(stepper: OnnxStepper, frames: int, calls: int) -> Callable[[], float]:
@@ -89,21 +79,6 @@ def step_timer(stepper: OnnxStepper, frames: int, calls: int) -> Callable[[], fl
         return (time.perf_counter() - t0) / calls
 
     return batch
-
-
-def engine_timer(engine: StreamingEnhancer, x: np.ndarray, chunk: int) -> Callable[[], float]:
-    """Real-time factor of one pass of ``x`` through ``engine`` in chunks of ``chunk`` samples."""
-
-    def one_pass() -> float:
-        engine.reset()
-        t0 = time.perf_counter()
-        for i in range(0, x.shape[1], chunk):
-            engine.process(x[:, i : i + chunk])
-        engine.flush()
-        return (time.perf_counter() - t0) * 16000 / x.shape[1]
-
-    one_pass()  # warm-up
-    return one_pass
 
 
 def enhance(engine: StreamingEnhancer, noisy: np.ndarray, chunk: int = 256) -> np.ndarray:
@@ -142,29 +117,24 @@ def main(argv: list[str] | None = None) -> int:
     else:
         pairs = example_pairs()
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        float_path = export_step(model, Path(tmp) / "step.onnx")
-        int8_path = quantize_step(float_path, Path(tmp) / "step-int8.onnx")
-        sizes = {"float32": float_path.stat().st_size, "int8": int8_path.stat().st_size}
-    # the backends as enhance-cli and the server build them (a one-frame step for per-hop calls, and the free one)
-    steppers: dict[str, OnnxStepper] = {}
-    for kind, backend in zip(KINDS, BACKENDS, strict=True):
-        stepper = streaming_backend(model, backend)
-        assert isinstance(stepper, OnnxStepper)
-        steppers[kind] = stepper
+    # what the onnxruntime backends run (a one-frame step for per-hop calls, and the free one)
+    steppers = {kind: onnx_stepper(model, int8=kind == "int8") for kind in KINDS}
+    sizes = {kind: s.step_bytes for kind, s in steppers.items()}
     engines = {k: StreamingEnhancer(model, backend=s) for k, s in steppers.items()}
 
     # speed
     x = test_signal(args.seconds)[None]
     speed: list[dict[str, Any]] = []
     for what, frames in (("step alone, 1 frame per call", 1), ("step alone, 2 frames per call", 2)):
-        t = fastest_pair({k: step_timer(s, frames, args.calls) for k, s in steppers.items()}, 5)
+        t = fastest_alternating({k: step_timer(s, frames, args.calls) for k, s in steppers.items()}, 5)
         for k in KINDS:
             speed.append(
                 {"what": what, "kind": k, "ms_per_call": 1000 * t[k], "rtf": t[k] / (0.016 * frames)}
             )
     for chunk in (256, 512):
-        r = fastest_pair({k: engine_timer(e, x, chunk) for k, e in engines.items()}, 3)
+        for e in engines.values():
+            rtf(e, x, chunk)  # warm-up
+        r = fastest_alternating({k: functools.partial(rtf, e, x, chunk) for k, e in engines.items()}, 3)
         for k in KINDS:
             speed.append(
                 {"what": f"streaming engine, {chunk // 16} ms chunks", "kind": k, "ms_per_call": math.nan}

@@ -23,8 +23,6 @@ also from several threads at once (tested for ``torchscript``).
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -63,15 +61,7 @@ def streaming_backend(model: Enhancer, name: str = "auto", threads: int = 1) -> 
             import onnxruntime  # noqa: F401
         except ImportError as exc:
             raise ImportError(f"the {kind} backend needs: pip install 'tim-enhance[onnx]' ({exc})") from None
-        from enhance.onnx_backend import OnnxStepper, export_step, quantize_step
+        from enhance.onnx_backend import onnx_stepper
 
-        with tempfile.TemporaryDirectory() as tmp:  # the sessions keep the model in memory
-            # a free number of frames per call, and the one-frame step of per-hop streams (faster per call)
-            paths = [
-                export_step(model, Path(tmp) / "step.onnx"),
-                export_step(model, Path(tmp) / "one.onnx", frames=1),
-            ]
-            if kind == "onnxruntime-int8":
-                paths = [quantize_step(p, p.with_name(f"{p.stem}-int8.onnx")) for p in paths]
-            return OnnxStepper(paths[0], model, threads=threads, one_frame=paths[1])
+        return onnx_stepper(model, int8=kind == "onnxruntime-int8", threads=threads)
     return None

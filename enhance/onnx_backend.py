@@ -18,6 +18,7 @@ import contextlib
 import copy
 import logging
 import os
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,18 +33,26 @@ from models.static_step import StaticStep
 
 
 def export_step(
-    model: Enhancer, path: str | os.PathLike[str], opset: int = 17, frames: int | None = None
+    model: Enhancer,
+    path: str | os.PathLike[str],
+    opset: int = 17,
+    frames: int | None = None,
+    int8: bool = False,
 ) -> Path:
     """Write the step of ``model`` (float32, one channel) to ``path``, atomically. ``frames``: None (the default)
     leaves the number of new frames per call free; a number fixes it, so the exporter can fold the graph's shape
     arithmetic away (about 360 fewer nodes for the default model's int8 step): the one-frame step of a per-hop stream
-    (:class:`OnnxStepper`'s ``one_frame``) is then faster per call.
+    (:class:`OnnxStepper`'s ``one_frame``) is then faster per call. ``int8``: the weights in int8
+    (:func:`quantize_step` on the float export).
 
     The step is exported from a float32 copy in eval mode (a new module is in training mode: without the explicit
     eval() below, dropout would be switched on); the caller's model is left as it was.
     """
     if frames is not None and frames < 1:
         raise ValueError(f"frames must be at least 1 (or None: free), got {frames}")
+    if int8:
+        with tempfile.TemporaryDirectory() as tmp:
+            return quantize_step(export_step(model, Path(tmp) / "step.onnx", opset, frames), path)
     step = StaticStep(copy.deepcopy(model).float()).eval()  # float32, without converting the caller's model
     example = frames or 2  # a free number of frames is exported from 2 new frames
     shapes = step.state_shapes(batch=1, frames=example)
@@ -111,8 +120,6 @@ def quantize_step(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> P
 
     Each product's input is scaled per call, over all the frames of the call, so the output depends a little on
     how many frames go in at once (the backends run per-hop calls through a one-frame step)."""
-    import tempfile
-
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -139,6 +146,7 @@ class OnnxStepper(FixedStepper):
         one_frame: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(model)
+        self.step_bytes = os.path.getsize(path)  # the main step file's size (weights included)
         self.session = _open(path, threads, frames=None)
         self.one_frame_session = None if one_frame is None else _open(one_frame, threads, frames=1)
 
@@ -148,6 +156,16 @@ class OnnxStepper(FixedStepper):
         assert session is not None
         outs = session.run(None, {name: t.numpy() for name, t in feed.items()})
         return [torch.from_numpy(o) for o in outs]
+
+
+def onnx_stepper(model: Enhancer, int8: bool = False, threads: int = 1) -> OnnxStepper:
+    """What the ``onnxruntime`` and ``onnxruntime-int8`` backends run: ``model``'s step with a free frame count and
+    its one-frame step, exported (and with ``int8`` quantised) to a temporary folder; the sessions keep them in
+    memory."""
+    with tempfile.TemporaryDirectory() as tmp:
+        main = export_step(model, Path(tmp) / "step.onnx", int8=int8)
+        one = export_step(model, Path(tmp) / "one.onnx", frames=1, int8=int8)
+        return OnnxStepper(main, model, threads=threads, one_frame=one)
 
 
 def _open(path: str | os.PathLike[str], threads: int, frames: int | None) -> Any:
@@ -201,13 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.frames is not None and args.frames < 1:
         ap.error("--frames must be at least 1")
     ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
-    if not args.int8:
-        print(export_step(ck.model, args.out, frames=args.frames))
-        return 0
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        print(quantize_step(export_step(ck.model, Path(tmp) / "step.onnx", frames=args.frames), args.out))
+    print(export_step(ck.model, args.out, frames=args.frames, int8=args.int8))
     return 0
 
 
