@@ -8,8 +8,9 @@ sets a floor under the real-time factor (``bench/bench_step_floor.py``). ``enhan
 stores the weights in int8, a quarter of the bytes. This measures, in one process on one CPU thread:
 
 * **speed** of the ``onnxruntime`` and ``onnxruntime-int8`` backends as ``enhance.backends`` builds them (a
-  one-frame step for per-hop calls beside the free one): the step alone (ms per call, 1 and 2 new frames;
-  fastest of 5 batches of ``--calls`` calls) and the whole streaming engine fed 16 ms and 32 ms chunks of a
+  one-frame step for per-hop calls beside the free one): the step alone (ms per call, 1 and 2 new frames, and
+  1 frame through the free-frame-count step, to show what the one-frame export saves; fastest of 5 batches of
+  ``--calls`` calls) and the whole streaming engine fed 16 ms and 32 ms chunks of a
   10-s test signal (real-time factor; fastest of 3 passes); float32 and int8 timed alternately, so that load
   from other processes hits both alike;
 * **accuracy**: each pair of ``--pairs`` (any layout of ``recipes.pairs``; default: the example file) enhanced by
@@ -61,21 +62,27 @@ ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("float32", "int8")
 
 
-def step_timer(stepper: OnnxStepper, frames: int, calls: int) -> Callable[[], float]:
-    """Seconds per call of the exported step with ``frames`` new frames (a full ring; zeros)."""
+def step_timer(stepper: OnnxStepper, frames: int, calls: int, free: bool = False) -> Callable[[], float]:
+    """Seconds per call of the exported step with ``frames`` new frames (a full ring; zeros): as the stepper
+    dispatches it (1 frame: the one-frame step), or with ``free`` always the step with a free frame count."""
     state = stepper.new_state(1).channels[0]
     feed = {
         "feat": torch.zeros(1, frames, stepper.n_bins),
         "mask": torch.zeros(frames, stepper.context + frames),
     }
     feed |= state
+    arrays = {name: t.numpy() for name, t in feed.items()}
+
+    def run() -> object:
+        return stepper.session.run(None, arrays) if free else stepper.run(feed)
+
     for _ in range(10):
-        stepper.run(feed)
+        run()
 
     def batch() -> float:
         t0 = time.perf_counter()
         for _ in range(calls):
-            stepper.run(feed)
+            run()
         return (time.perf_counter() - t0) / calls
 
     return batch
@@ -125,8 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     # speed
     x = test_signal(args.seconds)[None]
     speed: list[dict[str, Any]] = []
-    for what, frames in (("step alone, 1 frame per call", 1), ("step alone, 2 frames per call", 2)):
-        t = fastest_alternating({k: step_timer(s, frames, args.calls) for k, s in steppers.items()}, 5)
+    for what, frames, free in (
+        ("step alone, 1 frame per call (the one-frame step)", 1, False),
+        ("step alone, 1 frame per call, free-frame-count step", 1, True),
+        ("step alone, 2 frames per call", 2, False),
+    ):
+        t = fastest_alternating({k: step_timer(s, frames, args.calls, free) for k, s in steppers.items()}, 5)
         for k in KINDS:
             speed.append(
                 {"what": what, "kind": k, "ms_per_call": 1000 * t[k], "rtf": t[k] / (0.016 * frames)}

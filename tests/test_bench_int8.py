@@ -32,11 +32,13 @@ def test_bench_int8_end_to_end(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     with (out / "speed.csv").open(newline="") as f:
         speed = list(csv.DictReader(f))
-    assert [(r["what"], r["kind"]) for r in speed[:2]] == [
-        ("step alone, 1 frame per call", "float32"),
-        ("step alone, 1 frame per call", "int8"),
+    assert [(r["what"], r["kind"]) for r in speed[:4]] == [
+        ("step alone, 1 frame per call (the one-frame step)", "float32"),
+        ("step alone, 1 frame per call (the one-frame step)", "int8"),
+        ("step alone, 1 frame per call, free-frame-count step", "float32"),
+        ("step alone, 1 frame per call, free-frame-count step", "int8"),
     ]
-    assert len(speed) == 8 and all(math.isfinite(float(r["rtf"])) and float(r["rtf"]) > 0 for r in speed)
+    assert len(speed) == 10 and all(math.isfinite(float(r["rtf"])) and float(r["rtf"]) > 0 for r in speed)
     with (out / "per_file.csv").open(newline="") as f:
         per_file = list(csv.DictReader(f))
     assert sorted((r["name"], r["system"]) for r in per_file) == [
