@@ -41,8 +41,8 @@ def export_step(
 ) -> Path:
     """Write the step of ``model`` (float32, one channel) to ``path``, atomically. ``frames``: None (the default)
     leaves the number of new frames per call free; a number fixes it, so the exporter can fold the graph's shape
-    arithmetic away (about 360 fewer nodes for the default model's int8 step): the one-frame step of a per-hop stream
-    (:class:`OnnxStepper`'s ``one_frame``) is then faster per call. ``int8``: the weights in int8
+    arithmetic away: the one-frame step of a per-hop stream (:class:`OnnxStepper`'s ``one_frame``) is then faster
+    per call in int8 (0.91x, ``bench/bench_int8.py``; no measurable gain in float32). ``int8``: the weights in int8
     (:func:`quantize_step` on the float export).
 
     The step is exported from a float32 copy in eval mode (a new module is in training mode: without the explicit
