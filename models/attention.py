@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.group_linear import GroupLinear, group_linear
+from models.group_linear import GroupLinear, fused_group_linear
 from models.mae import MAEConfig, MAEGate, windowed_mean
 
 
@@ -158,6 +158,20 @@ class StaticKV(NamedTuple):
     u: torch.Tensor | None = None
 
 
+def _static_attention_3d(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: StaticKV) -> torch.Tensor:
+    """The static step's attention (q already scaled) with batch and heads flattened: [B, H, T, Dh] -> the same.
+    Equal to the 4-D form in :meth:`MultiHeadAttention.forward`; in a traced TorchScript step bmm calls cost
+    less than matmul's 4-D handling (measured with ``bench/bench_revisions.py``, see the README)."""
+    b, h, t, dh = q.shape
+    q3, k3, v3 = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1)  # [B*H, T, Dh]
+    cached = torch.bmm(q3, cache.k.flatten(0, 1))  # [B*H, T, C]
+    current = torch.bmm(q3, k3.transpose(1, 2))  # [B*H, T, T]
+    probs = torch.softmax(torch.cat([cached, current], dim=-1) + cache.mask, dim=-1)
+    n_slots = cache.v.shape[-2]
+    y = torch.baddbmm(torch.bmm(probs[..., n_slots:], v3), probs[..., :n_slots], cache.v.flatten(0, 1))
+    return y.reshape(b, h, t, dh)
+
+
 class MultiHeadAttention(nn.Module):
     """Banded causal self-attention on ``[B, T, G, d_model / G]`` (G = ``cfg.n_groups``)."""
 
@@ -177,24 +191,26 @@ class MultiHeadAttention(nn.Module):
         # [B, T, G, d/G] -> [B, T, H, Dh] (heads of mechanism g are g*H/G ... (g+1)*H/G-1) -> [B, H, T, Dh]
         return x.reshape(b, t, self.cfg.n_heads, self.cfg.head_dim).transpose(1, 2)
 
-    def fused_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The Q, K and V projections as one matrix product with concatenated weights. The concatenation is of
-        parameters only, so tracing with freezing (TorchScript) or exporting (ONNX) folds it into a constant: one
-        weight read per frame instead of three calls."""
-        parts = (self.q, self.k, self.v)
-        biases = [p.bias for p in parts]
-        bias = None if any(b is None for b in biases) else torch.cat(biases, dim=-1)  # type: ignore[arg-type]
-        out = group_linear(x, torch.cat([p.weight for p in parts], dim=-1), bias, self.q.n_groups)
-        return out.split(self.q.d_out, dim=-1)
+    def fused_qkv(self, x: torch.Tensor, before: GroupLinear | None = None) -> tuple[torch.Tensor, ...]:
+        """Q (already scaled by ``head_dim ** -0.5``), K and V as one product with concatenated weights, for the
+        traced/exported step; ``before``, another map of the same input (TIM's competition score), joins the same
+        product and its output comes first. The weights are parameters only, so tracing with freezing (TorchScript)
+        or exporting (ONNX) folds them into one constant: one call per frame instead of three or four."""
+        scale = self.cfg.head_dim**-0.5
+        return fused_group_linear(x, [(self.q, scale), (self.k, 1.0), (self.v, 1.0)], before)
 
     def forward(
-        self, x: torch.Tensor, cache: KVCache | StaticKV | None = None
+        self,
+        x: torch.Tensor,
+        cache: KVCache | StaticKV | None = None,
+        qkv: tuple[torch.Tensor, ...] | None = None,
     ) -> tuple[torch.Tensor, KVCache | StaticKV | None]:
         """Offline (``cache`` None): the whole sequence. Incremental: ``x`` holds the frames that follow those of
-        ``cache`` (empty tensors at the start); returns the updated cache."""
+        ``cache`` (empty tensors at the start); returns the updated cache. ``qkv``: :meth:`fused_qkv` of ``x``
+        when the caller already computed it (static step only)."""
         b, t, g, dg = x.shape
         if isinstance(cache, StaticKV):  # traced/exported step: Q, K and V in one product (see fused_qkv)
-            q, k, v = (self._heads(part) for part in self.fused_qkv(x))
+            q, k, v = (self._heads(part) for part in (qkv if qkv is not None else self.fused_qkv(x)))
         else:
             q, k, v = self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
         u = x.transpose(1, 2) if self.mae is not None else None  # MAE gate input [B, G, T, d/G]
@@ -205,14 +221,16 @@ class MultiHeadAttention(nn.Module):
             mean = None if u is None else windowed_mean(u, t, ctx)
         elif isinstance(cache, StaticKV):  # T new frames against the C ring slots (traced / exported step)
             # written out (not SDPA): exporters have mishandled SDPA's boolean masks. The new frames' scores are
-            # computed apart from the cached ones' so the cache is read in place, never concatenated.
-            q = q * self.cfg.head_dim**-0.5
-            cached = torch.matmul(q, cache.k)  # [B, H, T, C]: the ring stores keys transposed [B, H, Dh, C]
-            current = torch.matmul(q, k.transpose(-1, -2))  # [B, H, T, T]
-            scores = torch.cat([cached, current], dim=-1) + cache.mask  # additive: 0 visible, -inf hidden
-            probs = torch.softmax(scores, dim=-1)
-            n_slots = cached.shape[-1]
-            y = torch.matmul(probs[..., :n_slots], cache.v) + torch.matmul(probs[..., n_slots:], v)
+            # computed apart from the cached ones' so the cache is read in place, never concatenated. q is scaled.
+            n_slots = cache.v.shape[-2]
+            if torch.onnx.is_in_onnx_export():  # ONNX MatMul takes the 4-D batch natively
+                cached = torch.matmul(q, cache.k)  # [B, H, T, C]: the ring stores keys transposed
+                current = torch.matmul(q, k.transpose(-1, -2))  # [B, H, T, T]
+                scores = torch.cat([cached, current], dim=-1) + cache.mask  # additive: 0 visible, -inf hidden
+                probs = torch.softmax(scores, dim=-1)
+                y = torch.matmul(probs[..., :n_slots], cache.v) + torch.matmul(probs[..., n_slots:], v)
+            else:  # TorchScript: the same with batch and heads flattened, as 3-D products (bmm: less per call)
+                y = _static_attention_3d(q, k, v, cache)
             mean = None
             if u is not None:
                 assert cache.u is not None, "an MAE layer's static cache needs the gate inputs u"

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.attention import AttentionConfig, KVCache, MultiHeadAttention, StaticKV
-from models.group_linear import GroupLayerNorm, GroupLinear
+from models.group_linear import GroupLayerNorm, GroupLinear, fused_group_linear
 from models.mae import MAEConfig
 from models.sdu import SDUConfig, SDUGate
 
@@ -66,13 +66,20 @@ class InterMechanismAttention(nn.Module):
         self.v = GroupLinear(n_groups, d_group, width)
         self.o = GroupLinear(n_groups, width, d_group)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        """``fused``: Q, K and V as one product (see :func:`fused_group_linear`), for the traced/exported step."""
         b, t, g, _ = h.shape
 
         def heads(x: torch.Tensor) -> torch.Tensor:
             # [B, T, G, H*Dh] -> [B, T, H, G, Dh]: the mechanisms are the attention sequence
             return x.reshape(b, t, g, self.n_heads, self.head_dim).transpose(2, 3)
 
+        if fused and not self.training:  # q pre-scaled: the same as the written-out path below
+            scale = self.head_dim**-0.5
+            parts = fused_group_linear(h, [(self.q, scale), (self.k, 1.0), (self.v, 1.0)])
+            q, k, v = (heads(x) for x in parts)
+            y = torch.matmul(torch.softmax(torch.matmul(q, k.transpose(-1, -2)), -1), v)
+            return self.o(y.transpose(2, 3).reshape(b, t, g, self.n_heads * self.head_dim))
         q, k, v = heads(self.q(h)), heads(self.k(h)), heads(self.v(h))
         if self.training:  # SDPA, as before: the same random draws, so runs resume exactly across versions
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout)
@@ -114,13 +121,19 @@ class TIMLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None, KVCache | StaticKV | None]:
         b, t, d = x.shape
         h = x.reshape(b, t, self.cfg.n_mechanisms, self.cfg.d_mechanism)  # [B, T, G, d_m]
-        c = self.competition(h)
-        m, cache = self.attn(h, cache)
+        static = isinstance(cache, StaticKV)
+        if static and self.score is not None:  # traced/exported step: the score joins the Q/K/V product
+            score, *qkv = self.attn.fused_qkv(h, before=self.score)
+            c: torch.Tensor | None = torch.softmax(score.squeeze(-1), dim=-1)
+            m, cache = self.attn(h, cache, qkv=tuple(qkv))
+        else:
+            c = self.competition(h)
+            m, cache = self.attn(h, cache)
         if c is not None:
             m = m * c.unsqueeze(-1)
         m = self.drop(m)
         h = self.norm1(h + m if self.sdu_attn is None else self.sdu_attn(h, m))
-        h = self.norm2(h + self.drop(self.inter(h)))
+        h = self.norm2(h + self.drop(self.inter(h, fused=static)))
         f = self.drop(self.ffn_out(self.drop(self.act(self.ffn_in(h)))))
         h = self.norm3(h + f if self.sdu_ffn is None else self.sdu_ffn(h, f))
         return h.reshape(b, t, d), c, cache
