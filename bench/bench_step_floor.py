@@ -4,9 +4,11 @@
 
 One frame of the model touches every weight once: a per-hop stream reads all of them (6M floats, 24 MB for the
 default model) every 16 ms. The first rows time exactly that and nothing else: one matrix-vector product per weight
-matrix of the model, in float32 and in bfloat16 and float16 copies (the model itself is float32), one CPU thread.
-That is a floor no per-hop float32 implementation on this machine can go below, whatever its operator overheads.
-The next rows time the traced step itself (the TorchScript backend's module, ``enhance.fixed_step``), the
+matrix of the model, in float32 and in bfloat16 and float16 copies (the model itself is float32), one CPU thread;
+then the same bytes as a single product, which is the memory-bandwidth floor alone (no per-hop float32
+implementation on this machine can go below it; the gap to the row above is the cost of making 133 calls).
+The next rows time the traced step itself, the same traced graph with every width cut to the minimum (its time is
+the per-operation overhead of the graph: the interpreter, allocations, small kernels) (the TorchScript backend's module, ``enhance.fixed_step``), the
 whole streaming engine per hop (STFT, host, step, overlap-add), and the same per frame when two frames share a call
 (32 ms chunks: each weight is read once for both). ``--compile`` adds the step compiled by torch.compile (inductor,
 C++ wrapper, frozen weights; needs a C++ compiler, about a minute to compile).
@@ -19,6 +21,7 @@ real-time factor column is the time per frame divided by the 16 ms hop. Prints a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import platform
@@ -26,6 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +49,24 @@ def fastest(fn: Callable[[], object], calls: int, batches: int = 5) -> float:
     return best
 
 
+def shrunk(cfg: Any) -> Any:
+    """``cfg`` (an :class:`models.enhancer.EnhancerConfig`) with every width cut to the least its heads and
+    mechanisms allow (head size 2, pre-encoder 32 channels, FFNs 32 per mechanism) and everything else kept: the
+    same operations, blocks, heads and context, so its step's time is the per-operation overhead."""
+    d = 2 * cfg.standard.attention.n_heads
+    attention = dataclasses.replace(cfg.standard.attention, d_model=d)
+    pre = dataclasses.replace(cfg.pre_encoder, channels=(32,) * (len(cfg.pre_encoder.channels) - 1) + (d,))
+    standard = dataclasses.replace(cfg.standard, attention=attention, d_ff=32)
+    tim = cfg.tim
+    if tim is not None:
+        tim = dataclasses.replace(
+            tim,
+            attention=dataclasses.replace(tim.attention, d_model=d),
+            d_ff=32 * tim.n_mechanisms,
+        )
+    return dataclasses.replace(cfg, pre_encoder=pre, standard=standard, tim=tim)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = ap.add_mutually_exclusive_group()
@@ -61,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     from enhance.backends import streaming_backend
     from enhance.streaming import StreamingEnhancer
     from models.checkpoint import load_checkpoint
+    from models.enhancer import Enhancer
     from models.group_linear import GroupLinear
     from models.pretrained import load_pretrained
 
@@ -96,6 +119,22 @@ def main(argv: list[str] | None = None) -> int:
                     (f"weights only, {label} ({len(ws)} products)", fastest(products, args.calls), frames)
                 )
 
+        # the same bytes as one matrix-vector product: the memory-bandwidth floor alone, without the per-call
+        # overhead of 133 separate products (the gap between the two rows)
+        width = 1024
+        rows_needed = -(-n_weights // width)
+        big = torch.randn(rows_needed, width)
+        for frames in (1, 2):
+            x = torch.randn(frames, width)
+            rows.append(
+                (
+                    f"weights only, float32, one product of all {n_weights / 1e6:.2f}M",
+                    fastest(lambda x=x, w=big: torch.nn.functional.linear(x, w), args.calls),
+                    frames,
+                )
+            )
+        del big
+
         backend = streaming_backend(model, "torchscript")
 
         def feed_for(frames: int) -> dict[str, torch.Tensor]:
@@ -113,6 +152,22 @@ def main(argv: list[str] | None = None) -> int:
                     frames,
                 )
             )
+        # the same graph with almost no weights: what the traced step costs beyond reading weights and caches
+        small = Enhancer(shrunk(model.cfg)).eval()
+        small_backend = streaming_backend(small, "torchscript")
+        small_feed = {
+            "feat": torch.randn(1, 1, model.cfg.pre_encoder.n_bins),
+            "mask": small_backend._mask(model.cfg.context_frames, 1),
+            **small_backend.new_state(1).channels[0],
+        }
+        n_small = sum(p.numel() for p in small.parameters())
+        rows.append(
+            (
+                f"traced step, same graph with {n_small / 1e6:.2f}M weights (per-operation overhead)",
+                fastest(lambda: small_backend.run(small_feed), args.calls),
+                1,
+            )
+        )
         if args.compile:
             import torch._inductor.config as inductor
 
@@ -150,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # the float32 floor per frame for each number of frames per call (its own row for 1 and 2 frames)
     floor = {
-        frames: seconds / frames for what, seconds, frames in rows if what.startswith("weights only, float32")
+        frames: seconds / frames
+        for what, seconds, frames in rows
+        if what.startswith("weights only, float32 (")
     }
     lines = [
         f"Step floor, one CPU thread, {platform.machine()}, {os.cpu_count()} CPUs, "
