@@ -13,9 +13,10 @@ bundled default model, imported apart), then in every round times each (backend,
 * the whole streaming engine fed 16 ms and 32 ms chunks of a test signal (real-time factor).
 
 Rows give each checkout's fastest round and the median over rounds of the per-round ratio current / base (the
-statistic least moved by a slow spell, which hits both sides of a round alike). Each backend's engine outputs
-from the two checkouts are also compared (largest absolute difference): a change meant only for speed should give
-the same samples to float32 rounding. One CPU thread. Prints a Markdown table and writes it to ``--out``.
+statistic least moved by a slow spell, which hits both sides of a round alike); which checkout goes first
+alternates from round to round. Each backend's engine outputs from the two checkouts are also compared (largest
+absolute difference, with the signal fed in one call and one 16-ms hop at a time): a change meant only for speed
+should give the same samples to float32 rounding. One CPU thread. Prints a Markdown table and writes it to ``--out``.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class Side:
 
     step: Callable[[], object]
     engine: Any  # that checkout's StreamingEnhancer
-    output: np.ndarray
+    output: np.ndarray  # [2, channels, samples]: the signal in one call, and in 16-ms chunks
 
 
 def revision(root: Path) -> str:
@@ -82,7 +83,10 @@ def load_sides(root: Path, backends: list[str], signal: np.ndarray) -> dict[str,
         for name in backends:
             backend = streaming_backend(model, name)
             engine = StreamingEnhancer(model, backend=backend)
-            output = np.concatenate([engine.process(signal), engine.flush()], axis=1)
+            # the whole signal in one call (the multi-frame step) and one 16-ms hop at a time (the one-frame path)
+            whole = np.concatenate([engine.process(signal), engine.flush()], axis=1)
+            hops = [engine.process(signal[:, i : i + 256]) for i in range(0, signal.shape[1], 256)]
+            output = np.stack([whole, np.concatenate([*hops, engine.flush()], axis=1)])
             context = model.cfg.context_frames
             feed = {
                 "feat": torch.zeros(1, 1, model.cfg.pre_encoder.n_bins),
@@ -126,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     from bench_chunk_sizes import rtf as engine_rtf
 
     times: dict[tuple[str, str, str], list[float]] = {}
-    for _ in range(args.rounds):
+    for round_ in range(args.rounds):
         for name in backends:
-            for key in roots:
+            for key in list(roots)[:: 1 if round_ % 2 == 0 else -1]:  # who goes first alternates
                 side = sides[key][name]
                 measured = (
                     step_ms(side.step, args.calls),
@@ -146,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"{args.rounds} rounds; each checkout's fastest round, and the median over rounds of current / base "
         f"within a round. Engine rows: a {args.seconds:g}-s test signal. Outputs: the largest absolute difference "
-        "between the two checkouts' engine outputs on it.",
+        "between the two checkouts' engine outputs on it (fed whole and in 16-ms chunks).",
         "",
         "| backend | what | base | current | current / base (median of rounds) | outputs differ by |",
         "|---|---|---|---|---|---|",

@@ -160,8 +160,8 @@ class StaticKV(NamedTuple):
 
 def _static_attention_3d(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: StaticKV) -> torch.Tensor:
     """The static step's attention (q already scaled) with batch and heads flattened: [B, H, T, Dh] -> the same.
-    Equal to the 4-D form in :meth:`MultiHeadAttention.forward`; in a traced TorchScript step bmm calls cost
-    less than matmul's 4-D handling (measured with ``bench/bench_revisions.py``, see the README)."""
+    Equal to the 4-D form in :meth:`MultiHeadAttention.forward`, as 3-D bmm calls instead of matmul's 4-D
+    handling, for the traced TorchScript step (part of session 8's per-operation savings, README)."""
     b, h, t, dh = q.shape
     q3, k3, v3 = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1)  # [B*H, T, Dh]
     cached = torch.bmm(q3, cache.k.flatten(0, 1))  # [B*H, T, C]
@@ -192,12 +192,13 @@ class MultiHeadAttention(nn.Module):
         return x.reshape(b, t, self.cfg.n_heads, self.cfg.head_dim).transpose(1, 2)
 
     def fused_qkv(self, x: torch.Tensor, before: GroupLinear | None = None) -> tuple[torch.Tensor, ...]:
-        """Q (already scaled by ``head_dim ** -0.5``), K and V as one product with concatenated weights, for the
-        traced/exported step; ``before``, another map of the same input (TIM's competition score), joins the same
-        product and its output comes first. The weights are parameters only, so tracing with freezing (TorchScript)
-        or exporting (ONNX) folds them into one constant: one call per frame instead of three or four."""
-        scale = self.cfg.head_dim**-0.5
-        return fused_group_linear(x, [(self.q, scale), (self.k, 1.0), (self.v, 1.0)], before)
+        """Q, K and V as one product with concatenated weights, for the traced/exported step; ``before``, another
+        map of the same input (TIM's competition score), joins the same product and its output comes first. The
+        weights are parameters only, so tracing with freezing (TorchScript) or exporting (ONNX) folds them into one
+        constant: one call per frame instead of three or four. (The attention scale stays a product with q, not
+        folded into its weights: int8 quantises a joint weight with one scale, and a scaled-down Q would use a
+        fraction of its range.)"""
+        return fused_group_linear(x, ([before] if before is not None else []) + [self.q, self.k, self.v])
 
     def forward(
         self,
@@ -209,6 +210,7 @@ class MultiHeadAttention(nn.Module):
         ``cache`` (empty tensors at the start); returns the updated cache. ``qkv``: :meth:`fused_qkv` of ``x``
         when the caller already computed it (static step only)."""
         b, t, g, dg = x.shape
+        assert qkv is None or isinstance(cache, StaticKV), "qkv is for the static step"
         if isinstance(cache, StaticKV):  # traced/exported step: Q, K and V in one product (see fused_qkv)
             q, k, v = (self._heads(part) for part in (qkv if qkv is not None else self.fused_qkv(x)))
         else:
@@ -221,7 +223,8 @@ class MultiHeadAttention(nn.Module):
             mean = None if u is None else windowed_mean(u, t, ctx)
         elif isinstance(cache, StaticKV):  # T new frames against the C ring slots (traced / exported step)
             # written out (not SDPA): exporters have mishandled SDPA's boolean masks. The new frames' scores are
-            # computed apart from the cached ones' so the cache is read in place, never concatenated. q is scaled.
+            # computed apart from the cached ones' so the cache is read in place, never concatenated.
+            q = q * self.cfg.head_dim**-0.5
             n_slots = cache.v.shape[-2]
             if torch.onnx.is_in_onnx_export():  # ONNX MatMul takes the 4-D batch natively
                 cached = torch.matmul(q, cache.k)  # [B, H, T, C]: the ring stores keys transposed

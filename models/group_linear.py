@@ -49,18 +49,14 @@ def group_linear(
     return out.reshape(*lead, g, d_out)
 
 
-def fused_group_linear(
-    x: torch.Tensor, maps: list[tuple[GroupLinear, float]], before: GroupLinear | None = None
-) -> tuple[torch.Tensor, ...]:
-    """Several :class:`GroupLinear` maps of the same input (each output scaled by its factor; ``before`` first,
-    unscaled) as one product with concatenated weights; returns their outputs in order. For traced/exported steps,
-    where the concatenation of parameters folds into a constant: one call per frame instead of one per map."""
-    parts = ([(before, 1.0)] if before is not None else []) + maps
-    weights = [m.weight * f if f != 1.0 else m.weight for m, f in parts]
-    biases = [None if m.bias is None else (m.bias * f if f != 1.0 else m.bias) for m, f in parts]
-    bias = None if any(b is None for b in biases) else torch.cat(biases, dim=-1)  # type: ignore[arg-type]
-    out = group_linear(x, torch.cat(weights, dim=-1), bias, parts[0][0].n_groups)
-    return out.split([m.d_out for m, _ in parts], dim=-1)
+def fused_group_linear(x: torch.Tensor, maps: list[GroupLinear]) -> tuple[torch.Tensor, ...]:
+    """Several :class:`GroupLinear` maps of the same input as one product with concatenated weights; returns their
+    outputs in order. For traced/exported steps, where the concatenation of parameters folds into a constant: one
+    call per frame instead of one per map. (A map without a bias gets zeros in the joint bias.)"""
+    biases = [m.bias if m.bias is not None else m.weight.new_zeros(m.n_groups, m.d_out) for m in maps]
+    bias = None if all(m.bias is None for m in maps) else torch.cat(biases, dim=-1)
+    out = group_linear(x, torch.cat([m.weight for m in maps], dim=-1), bias, maps[0].n_groups)
+    return out.split([m.d_out for m in maps], dim=-1)
 
 
 class GroupLayerNorm(nn.Module):

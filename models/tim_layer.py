@@ -74,13 +74,10 @@ class InterMechanismAttention(nn.Module):
             # [B, T, G, H*Dh] -> [B, T, H, G, Dh]: the mechanisms are the attention sequence
             return x.reshape(b, t, g, self.n_heads, self.head_dim).transpose(2, 3)
 
-        if fused and not self.training:  # q pre-scaled: the same as the written-out path below
-            scale = self.head_dim**-0.5
-            parts = fused_group_linear(h, [(self.q, scale), (self.k, 1.0), (self.v, 1.0)])
-            q, k, v = (heads(x) for x in parts)
-            y = torch.matmul(torch.softmax(torch.matmul(q, k.transpose(-1, -2)), -1), v)
-            return self.o(y.transpose(2, 3).reshape(b, t, g, self.n_heads * self.head_dim))
-        q, k, v = heads(self.q(h)), heads(self.k(h)), heads(self.v(h))
+        if fused and not self.training:
+            q, k, v = (heads(x) for x in fused_group_linear(h, [self.q, self.k, self.v]))
+        else:
+            q, k, v = heads(self.q(h)), heads(self.k(h)), heads(self.v(h))
         if self.training:  # SDPA, as before: the same random draws, so runs resume exactly across versions
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout)
         else:  # written out: on n_s (2-4) mechanisms SDPA's CPU path costs ~100 us a call, a fifth of a stream step

@@ -170,7 +170,9 @@ def test_bad_chunks_are_refused() -> None:
         engine.process(bad)
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-transformer", "tiny-tim4", "tiny+mae"])
+@pytest.mark.parametrize(
+    "name", ["tiny", "tiny-transformer", "tiny-nocomp", "tiny-tim4", "tiny+sdu", "tiny+mae"]
+)
 def test_onnx_backend_equals_pytorch(tmp_path, name: str) -> None:
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
@@ -261,7 +263,9 @@ def test_int8_backend_is_close_to_float_on_the_default_model_and_really_quantise
         assert 30.0 < snr < 80.0, name
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-transformer", "tiny+mae"])
+@pytest.mark.parametrize(
+    "name", ["tiny", "tiny-transformer", "tiny-nocomp", "tiny-tim4", "tiny+sdu", "tiny+mae"]
+)
 def test_torchscript_backend_equals_pytorch(name: str) -> None:
     from enhance.fixed_step import TracedStepper
 
