@@ -45,6 +45,14 @@ def _version() -> str:
         return "unknown"
 
 
+def _attenuation_db(text: str) -> float:
+    """``--max-attenuation-db``: a number of dB >= 0, or inf (checked as the model will check it)."""
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0 dB (or inf for no limit), got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="enhance-cli",
@@ -81,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="CPU threads for the model (default: PyTorch's choice)")
     p.add_argument(
         "--max-attenuation-db",
-        type=float,
+        type=_attenuation_db,
         metavar="DB",
         help="never attenuate more than DB dB (default: the model's own setting; 'inf' = no limit)",
     )

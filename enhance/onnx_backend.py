@@ -179,13 +179,12 @@ def _open(path: str | os.PathLike[str], threads: int, frames: int | None) -> Any
     session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     inputs = {i.name: i for i in session.get_inputs()}
     feat, mask = inputs.get("feat"), inputs.get("mask")
+    again = "export it again with python -m enhance.onnx_backend (--model/--checkpoint, --int8 as before)"
     if feat is None or mask is None or mask.type != "tensor(float)":
         # files from before the multi-frame export: one frame per call and a boolean mask
         raise ValueError(
-            f"{path} is not a step exported by this version of tim-enhance (it needs a float mask); export it "
-            f"again: python -m enhance.onnx_backend --out {path}"
+            f"{path} is not a step exported by this version of tim-enhance (it needs a float mask): {again}"
         )
-    again = "export it again with python -m enhance.onnx_backend (--model/--checkpoint, --int8 as before)"
     if frames is None and isinstance(feat.shape[1], int):
         raise ValueError(
             f"{path} takes a fixed number of frames ({feat.shape[1]}); the main step needs a free number: {again}"

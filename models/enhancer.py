@@ -121,8 +121,11 @@ class Enhancer(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.pre_encoder.n_bins)
 
     def set_max_attenuation(self, db: float | None) -> None:
-        """Never attenuate more than ``db`` dB from now on (None or inf: no limit). The limit is part of the config
-        (saved with a checkpoint) and read at every forward/step, so it needs no new weights."""
+        """Never attenuate more than ``db`` dB from now on (None or inf: no limit; 0: never below the noisy
+        magnitude). The limit is part of the config (saved with a checkpoint) and read at every forward/step, so
+        it needs no new weights. Raises ValueError for NaN or a negative limit (it would amplify, or give NaN)."""
+        if db is not None and not db >= 0:
+            raise ValueError(f"the attenuation limit must be at least 0 dB (or inf for none), got {db}")
         limit = None if db is None or math.isinf(db) else float(db)
         self.cfg = dataclasses.replace(self.cfg, max_attenuation_db=limit)
 

@@ -357,3 +357,14 @@ def test_max_attenuation_flag_overrides_the_model(tmp_path: Path, ckpt: str) -> 
     ref = enhance_audio(load_checkpoint(ckpt).model, np.ascontiguousarray(x.T), 16000).wav  # tiny: no limit
     assert np.abs(outs["inf"] - ref).max() < 1e-5
     assert np.abs(outs["0"] - ref).max() > 1e-3  # a 0-dB limit keeps at least the noisy magnitude: different
+
+
+def test_max_attenuation_flag_refuses_negative_and_nan(tmp_path: Path, ckpt: str) -> None:
+    """A negative limit would amplify and NaN would write NaN audio: refused before anything is written."""
+    src = tmp_path / "in.wav"
+    sf.write(src, noisy(0.5, 16000), 16000, subtype="FLOAT")
+    for flag in ("-3", "nan"):
+        dst = tmp_path / "out.wav"
+        proc = cli(str(src), "-o", str(dst), "--checkpoint", ckpt, "--max-attenuation-db", flag)
+        assert proc.returncode == 2 and b"at least 0 dB" in proc.stderr
+        assert not dst.exists()

@@ -220,3 +220,15 @@ def test_sdu_changes_the_function_and_highway_is_a_gate() -> None:
     assert torch.allclose(sdu(x, y), x + y + torch.tanh(sdu.gate(x)) * sdu.value(x))  # type: ignore[misc]
     with pytest.raises(ValueError, match="psi"):
         SDUConfig(psi="relu")
+
+
+def test_set_max_attenuation_checks_the_limit() -> None:
+    model = Enhancer(get_config("tiny"))
+    model.set_max_attenuation(float("inf"))
+    assert model.cfg.max_attenuation_db is None
+    model.set_max_attenuation(0)
+    assert model.cfg.max_attenuation_db == 0.0
+    for bad in (-3.0, float("nan"), float("-inf")):
+        with pytest.raises(ValueError, match="at least 0 dB"):
+            model.set_max_attenuation(bad)
+    assert model.cfg.max_attenuation_db == 0.0  # a refused limit leaves the model as it was
