@@ -158,20 +158,6 @@ class StaticKV(NamedTuple):
     u: torch.Tensor | None = None
 
 
-def _static_attention_3d(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: StaticKV) -> torch.Tensor:
-    """The static step's attention (q already scaled) with batch and heads flattened: [B, H, T, Dh] -> the same.
-    Equal to the 4-D form in :meth:`MultiHeadAttention.forward`, as 3-D bmm calls instead of matmul's 4-D
-    handling, for the traced TorchScript step (part of session 8's per-operation savings, README)."""
-    b, h, t, dh = q.shape
-    q3, k3, v3 = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1)  # [B*H, T, Dh]
-    cached = torch.bmm(q3, cache.k.flatten(0, 1))  # [B*H, T, C]
-    current = torch.bmm(q3, k3.transpose(1, 2))  # [B*H, T, T]
-    probs = torch.softmax(torch.cat([cached, current], dim=-1) + cache.mask, dim=-1)
-    n_slots = cache.v.shape[-2]
-    y = torch.baddbmm(torch.bmm(probs[..., n_slots:], v3), probs[..., :n_slots], cache.v.flatten(0, 1))
-    return y.reshape(b, h, t, dh)
-
-
 class MultiHeadAttention(nn.Module):
     """Banded causal self-attention on ``[B, T, G, d_model / G]`` (G = ``cfg.n_groups``)."""
 
@@ -225,15 +211,12 @@ class MultiHeadAttention(nn.Module):
             # written out (not SDPA): exporters have mishandled SDPA's boolean masks. The new frames' scores are
             # computed apart from the cached ones' so the cache is read in place, never concatenated.
             q = q * self.cfg.head_dim**-0.5
-            n_slots = cache.v.shape[-2]
-            if torch.onnx.is_in_onnx_export():  # ONNX MatMul takes the 4-D batch natively
-                cached = torch.matmul(q, cache.k)  # [B, H, T, C]: the ring stores keys transposed
-                current = torch.matmul(q, k.transpose(-1, -2))  # [B, H, T, T]
-                scores = torch.cat([cached, current], dim=-1) + cache.mask  # additive: 0 visible, -inf hidden
-                probs = torch.softmax(scores, dim=-1)
-                y = torch.matmul(probs[..., :n_slots], cache.v) + torch.matmul(probs[..., n_slots:], v)
-            else:  # TorchScript: the same with batch and heads flattened, as 3-D products (bmm: less per call)
-                y = _static_attention_3d(q, k, v, cache)
+            cached = torch.matmul(q, cache.k)  # [B, H, T, C]: the ring stores keys transposed [B, H, Dh, C]
+            current = torch.matmul(q, k.transpose(-1, -2))  # [B, H, T, T]
+            scores = torch.cat([cached, current], dim=-1) + cache.mask  # additive: 0 visible, -inf hidden
+            probs = torch.softmax(scores, dim=-1)
+            n_slots = cached.shape[-1]
+            y = torch.matmul(probs[..., :n_slots], cache.v) + torch.matmul(probs[..., n_slots:], v)
             mean = None
             if u is not None:
                 assert cache.u is not None, "an MAE layer's static cache needs the gate inputs u"
