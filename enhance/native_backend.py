@@ -1,0 +1,290 @@
+"""The ``native`` streaming backend: the model's incremental step in plain C (:file:`enhance/native_step.c`).
+
+    stepper = NativeStepper(model)                # compiles the C file once per machine (cached), packs weights
+    engine = StreamingEnhancer(model, backend=stepper)
+
+Why: at one 16 ms frame per call the TorchScript and onnxruntime steps spend about as long on per-operation
+overhead (hundreds of small operations) as on reading the weights (``bench/results/step-floor.md``). The C step
+does one frame with no framework in between: each weight matrix is streamed once per frame, everything else is a
+few thousand flops. It gives the same numbers as the PyTorch step to float32 rounding (``tests/test_native.py``)
+and, like the other backends, keeps no per-stream state of its own (:class:`NativeState` is passed in and out),
+so one stepper serves many streams and threads (the C call releases the GIL).
+
+It runs the standard and TIM blocks (with or without competition) with the one-frame lookahead; models with SDU
+or MAE blocks use the other backends. It needs a C compiler (``cc``, or ``$CC``) the first time on a machine: the
+library is built with ``-O3 -march=native`` into ``$TIM_ENHANCE_CACHE`` (default ``~/.cache/tim-enhance``), keyed
+by the source, the compiler and the CPU's flags, and written atomically (a concurrent first use is safe).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from models.encoder_layer import StandardLayer
+from models.enhancer import Enhancer, EnhancerOutput
+from models.pre_encoder import ConvBlock
+from models.tim_layer import TIMLayer
+
+SOURCE = Path(__file__).with_name("native_step.c")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared", "-std=gnu11")
+
+
+class NativeUnavailable(RuntimeError):
+    """The C step cannot be built here (no compiler, or it failed)."""
+
+
+def native_unsupported(model: Enhancer) -> str | None:
+    """Why the C step cannot run ``model`` (None: it can)."""
+    cfg = model.cfg
+    if cfg.sdu_blocks or cfg.mae_blocks:
+        return "the native step has no SDU or MAE blocks"
+    if cfg.context_frames < 1:
+        return "the native step needs context_frames >= 1"
+    if cfg.lookahead_frames != 1 or cfg.pre_encoder.kernel_size != 3:
+        return "the native step is written for kernel 3 and a lookahead of one frame"
+    if len(cfg.pre_encoder.channels) > 8 or len(model.layers) > 64:
+        return "the native step takes at most 8 convolutions and 64 blocks"
+    for layer in model.layers:
+        assert isinstance(layer, StandardLayer | TIMLayer)
+        if isinstance(layer, TIMLayer) and layer.cfg.n_mechanisms > 64:
+            return "the native step takes at most 64 mechanisms"
+        if layer.attn.cfg.head_dim > 256:
+            return "the native step takes heads of at most 256 units"
+    return None
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("TIM_ENHANCE_CACHE")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tim-enhance"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> ctypes.CDLL:
+    """The compiled C step, built on first use (see the module docstring). Raises :class:`NativeUnavailable`."""
+    cc = os.environ.get("CC", "cc")
+    parts = [SOURCE.read_bytes(), cc.encode(), " ".join(FLAGS).encode(), _cpu_flags().encode()]
+    key = hashlib.sha256(b"\0".join([*parts, platform.machine().encode()])).hexdigest()[:16]
+    target = cache_dir() / f"native_step-{key}.so"
+    if not target.exists():
+        try:
+            _build(cc, target)
+        except OSError as exc:
+            raise NativeUnavailable(
+                f"cannot build the native step into {target.parent} ({exc}); set $TIM_ENHANCE_CACHE to a "
+                "writable folder or choose another backend (torchscript)"
+            ) from None
+    lib = ctypes.CDLL(str(target))
+    ptr = ctypes.c_void_p
+    lib.tim_model_new.restype = ptr
+    lib.tim_model_new.argtypes = [ptr, ptr, ptr, ctypes.c_int]
+    lib.tim_model_free.argtypes = [ptr]
+    lib.tim_sizes.argtypes = [ptr, ptr]
+    lib.tim_step.restype = ctypes.c_int
+    lib.tim_step.argtypes = [ptr, ptr, ptr, ptr, ptr, ctypes.c_int, ctypes.c_float, ptr, ptr]
+    return lib
+
+
+def _build(cc: str, target: Path) -> None:
+    """Compile :data:`SOURCE` into ``target``, atomically (a temporary file beside it, then renamed)."""
+    if shutil.which(cc) is None:
+        raise NativeUnavailable(
+            f"the native backend needs a C compiler ('{cc}' not found; set $CC or install gcc), "
+            "or choose another backend (torchscript)"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".native_step-", suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True)
+        if done.returncode != 0:  # a compiler without -march=native: the portable build
+            portable = [f for f in FLAGS if f != "-march=native"]
+            done = subprocess.run(
+                [cc, *portable, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True
+            )
+        if done.returncode != 0:
+            raise NativeUnavailable(f"compiling {SOURCE.name} with {cc} failed:\n{done.stderr.strip()}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def _required(p: torch.Tensor | None) -> torch.Tensor:
+    if p is None:
+        raise ValueError("the native step needs every bias and LayerNorm gain (a layer has none)")
+    return p
+
+
+def pack(model: Enhancer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(config ints, config floats, weights) in the order :file:`native_step.c` reads them."""
+    cfg = model.cfg
+    pre = cfg.pre_encoder
+    ints = [pre.n_bins, len(pre.channels), pre.kernel_size, *pre.channels]
+    ints += [cfg.d_model, len(model.layers), cfg.context_frames, int(cfg.output == "residual")]
+    floats = [pre.negative_slope, 1e-5]
+    parts: list[torch.Tensor | None] = []
+    norms = []
+    for block in model.pre_encoder.blocks:
+        assert isinstance(block, ConvBlock)
+        parts += [block.conv.weight.permute(2, 1, 0), block.conv.bias, block.norm.weight, block.norm.bias]
+        norms.append(block.norm.eps)
+    for layer in model.layers:
+        assert isinstance(layer, StandardLayer | TIMLayer)
+        att = layer.attn
+        if isinstance(layer, TIMLayer):
+            c = layer.cfg
+            maps = ([layer.score] if layer.score is not None else []) + [att.q, att.k, att.v]
+            parts += [
+                torch.cat([m.weight for m in maps], -1),
+                torch.cat([_required(m.bias) for m in maps], -1),
+            ]
+            parts += [att.o.weight, att.o.bias, layer.norm1.weight, layer.norm1.bias]
+            inter = layer.inter
+            parts += [torch.cat([inter.q.weight, inter.k.weight, inter.v.weight], -1)]
+            parts += [
+                torch.cat([_required(inter.q.bias), _required(inter.k.bias), _required(inter.v.bias)], -1)
+            ]
+            parts += [inter.o.weight, inter.o.bias, layer.norm2.weight, layer.norm2.bias]
+            parts += [layer.ffn_in.weight, layer.ffn_in.bias, layer.ffn_out.weight, layer.ffn_out.bias]
+            parts += [layer.norm3.weight, layer.norm3.bias]
+            norms += [layer.norm1.eps, layer.norm2.eps, layer.norm3.eps]
+            ints += [1, c.n_mechanisms, att.cfg.n_heads, c.d_ff, int(layer.score is not None)]
+            ints += [c.inter_heads, c.inter_head_dim, 0]
+            floats.append(c.negative_slope)
+        else:
+            s = layer.cfg
+            parts += [torch.cat([att.q.weight, att.k.weight, att.v.weight], -1)]
+            parts += [torch.cat([_required(att.q.bias), _required(att.k.bias), _required(att.v.bias)], -1)]
+            parts += [att.o.weight, att.o.bias, layer.norm1.weight, layer.norm1.bias]
+            ffn_in, ffn_out = layer.ffn[0], layer.ffn[3]
+            assert isinstance(ffn_in, torch.nn.Linear) and isinstance(ffn_out, torch.nn.Linear)
+            parts += [ffn_in.weight.t(), ffn_in.bias, ffn_out.weight.t(), ffn_out.bias]
+            parts += [layer.norm2.weight, layer.norm2.bias]
+            norms += [layer.norm1.eps, layer.norm2.eps]
+            ints += [0, 1, att.cfg.n_heads, s.d_ff, 0, 0, 0, 0]
+            floats.append(s.negative_slope)
+    parts += [model.head.weight.t(), model.head.bias]
+    if any(eps != 1e-5 for eps in norms):
+        raise ValueError("the native step is written for LayerNorm eps 1e-5")
+    with torch.no_grad():
+        weights = torch.cat([_required(p).detach().float().cpu().reshape(-1) for p in parts]).numpy()
+    return np.array(ints, np.int32), np.array(floats, np.float32), np.ascontiguousarray(weights)
+
+
+@dataclass
+class NativeState:
+    """One stream's state, per channel: the C step's floats (conv caches, k/v rings) and counters (frame 0
+    received, frames output), and one work space for the calls."""
+
+    floats: np.ndarray  # [B, state floats]
+    counters: np.ndarray  # [B, 2] int64
+    work: np.ndarray  # [work floats]
+
+    @property
+    def frames_out(self) -> int:
+        return int(self.counters[0, 1]) if len(self.counters) else 0
+
+
+class NativeStepper:
+    """:meth:`models.enhancer.Enhancer.step`'s contract on the C step (CPU, float32 at any model dtype)."""
+
+    def __init__(self, model: Enhancer, half: bool = False) -> None:
+        """``half``: the weight matrices in float16 (``native-fp16``): half the bytes to read per frame, not the
+        float32 numbers (``bench/bench_int8.py`` scores it)."""
+        reason = native_unsupported(model)
+        if reason is not None:
+            raise ValueError(f"{reason}; use the torchscript or pytorch backend")
+        self.model = model  # read for the attenuation limit at every call, as Enhancer.forward does
+        self.lib = library()
+        self.ints, self.floats, self.weights = pack(model)
+        handle = self.lib.tim_model_new(_addr(self.ints), _addr(self.floats), _addr(self.weights), int(half))
+        if not handle:
+            raise ValueError("the native step does not cover this model's configuration")
+        self._handle = ctypes.c_void_p(handle)
+        self._free = self.lib.tim_model_free
+        sizes = np.zeros(5, np.int64)
+        self.lib.tim_sizes(self._handle, _addr(sizes))
+        n_weights, self.state_floats, self.work_floats, self.n_maps, self.map_groups = (int(x) for x in sizes)
+        if n_weights != self.weights.size:
+            raise AssertionError(f"packed {self.weights.size} weights, the C step reads {n_weights}")
+        self.n_bins = model.cfg.pre_encoder.n_bins
+
+    def __del__(self) -> None:
+        handle = getattr(self, "_handle", None)
+        if handle is not None:
+            self._free(handle)
+
+    def new_state(self, batch: int) -> NativeState:
+        return NativeState(
+            np.zeros((batch, self.state_floats), np.float32),
+            np.zeros((batch, 2), np.int64),
+            np.zeros(self.work_floats, np.float32),
+        )
+
+    def _min_gain(self) -> float:
+        limit = self.model.cfg.max_attenuation_db
+        return -1.0 if limit is None else float(np.float32(10.0 ** (-limit / 20.0)))
+
+    def step(
+        self,
+        feats: torch.Tensor,
+        state: NativeState | None,
+        final: bool = False,
+        return_competition: bool = False,
+    ) -> tuple[EnhancerOutput, NativeState]:
+        x = np.ascontiguousarray(feats.detach().to("cpu", torch.float32).numpy())
+        batch, n = x.shape[0], x.shape[1]
+        state = state or self.new_state(batch)
+        started = bool(state.counters[0, 0]) if batch else False
+        if final and (started or n):  # the end's zero padding (one frame: the lookahead)
+            x = np.concatenate([x, np.zeros((batch, 1, self.n_bins), np.float32)], axis=1)
+            n += 1
+        out = np.empty((batch, n, self.n_bins), np.float32)
+        maps = np.empty((batch, n, self.n_maps, self.map_groups), np.float32) if return_competition else None
+        gain = self._min_gain()
+        m = 0
+        for b in range(batch):
+            m = self.lib.tim_step(
+                self._handle,
+                _addr(state.floats[b]),
+                _addr(state.counters[b]),
+                _addr(state.work),
+                _addr(x[b]),
+                n,
+                gain,
+                _addr(out[b]),
+                None if maps is None else _addr(maps[b]),
+            )
+        log_mag = torch.from_numpy(out[:, :m])
+        competition = None
+        if maps is not None and m:
+            competition = [torch.from_numpy(np.ascontiguousarray(maps[:, :m, i])) for i in range(self.n_maps)]
+        return EnhancerOutput(log_mag, competition), state

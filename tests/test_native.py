@@ -1,0 +1,161 @@
+"""The ``native`` streaming backend (the step in C, enhance/native_step.c): the PyTorch numbers, bounded state,
+clear errors where it cannot run, and one stepper shared by concurrent streams."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from enhance.native_backend import NativeStepper, native_unsupported
+from enhance.offline import enhance_waveform
+from enhance.streaming import StreamingEnhancer
+from models import Enhancer, get_config, save_checkpoint
+from models.pretrained import load_pretrained
+from models.registry import tiny_config
+from tests.conftest import ROOT
+from tests.test_streaming import _sizes, _stream
+
+SUPPORTED = ["tiny", "tiny-transformer", "tiny-nocomp", "tiny-tim4"]
+
+
+def _tiny(name: str, limit: float | None = 12.0) -> Enhancer:
+    torch.manual_seed(0)
+    return Enhancer(dataclasses.replace(get_config(name), max_attenuation_db=limit)).eval()
+
+
+@pytest.mark.parametrize("name", SUPPORTED)
+@pytest.mark.parametrize("chunk", [1, 256, "random"])
+@pytest.mark.parametrize("limit", [None, 12.0])
+def test_native_backend_equals_pytorch(name: str, chunk, limit: float | None) -> None:
+    """Two channels, lengths that are not whole hops, chunks of 1 sample to hundreds, the ring (4 frames in the
+    tiny models) wrapped many times; the competition maps too."""
+    model = _tiny(name, limit)
+    stepper = NativeStepper(model)
+    rng = np.random.default_rng(2)
+    for n in (1, 257, 3001):
+        x = (rng.standard_normal((2, n)) * 0.1).astype(np.float32)
+        ref = enhance_waveform(model, x, return_competition=True)
+        engine = StreamingEnhancer(model, 2, with_competition=True, backend=stepper)
+        y, _ = _stream(engine, x, _sizes(chunk, np.random.default_rng(1)))
+        assert y.shape == x.shape
+        assert np.abs(y - ref.wav).max() < 1e-5
+        assert ref.competition is not None
+        maps = engine.competition()
+        assert len(maps) == len(ref.competition)
+        for ours, theirs in zip(maps, ref.competition, strict=True):
+            assert ours.shape == theirs.shape
+            assert np.abs(ours - theirs).max() < 1e-5
+
+
+def test_native_backend_reads_the_attenuation_limit_at_every_call() -> None:
+    """Like Enhancer.forward, a limit set after the stepper was made applies (and changes the output)."""
+    model = _tiny("tiny", None)
+    stepper = NativeStepper(model)
+    x = (np.random.default_rng(4).standard_normal((1, 3000)) * 0.1).astype(np.float32)
+    free = _stream(StreamingEnhancer(model, 1, backend=stepper), x, [256] * 20)[0]
+    model.set_max_attenuation(3.0)
+    limited = _stream(StreamingEnhancer(model, 1, backend=stepper), x, [256] * 20)[0]
+    assert np.abs(limited - enhance_waveform(model, x).wav).max() < 1e-5
+    assert np.abs(limited - free).max() > 1e-3
+
+
+def test_default_model_float32_and_float16() -> None:
+    """The bundled model over 6 s (375 frames: its 250-frame rings wrap): float32 equals PyTorch; float16 weights
+    are close but really not the same numbers."""
+    model = load_pretrained().model.eval()
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((1, 6 * 16000)) * 0.05).astype(np.float32)
+    ref = enhance_waveform(model, x).wav
+    outs = {}
+    for half in (False, True):
+        engine = StreamingEnhancer(model, 1, backend=NativeStepper(model, half=half))
+        outs[half] = _stream(engine, x, _sizes(256, rng))[0]
+    assert np.abs(outs[False] - ref).max() < 1e-5
+    snr = 10 * np.log10(np.sum(ref**2) / np.sum((outs[True] - ref) ** 2))
+    assert 60.0 < snr < 110.0  # 80 dB when written; float32 rounding alone is ~130 dB
+
+
+def test_state_is_fixed_size() -> None:
+    model = _tiny("tiny")
+    stepper = NativeStepper(model)
+    engine = StreamingEnhancer(model, 1, backend=stepper)
+    x = (np.random.default_rng(6).standard_normal((1, 16000)) * 0.1).astype(np.float32)
+    engine.process(x[:, :4000])
+    sizes = (engine.state.model.floats.shape, engine.state.model.work.shape)
+    for _ in range(20):
+        engine.process(x)
+    assert (engine.state.model.floats.shape, engine.state.model.work.shape) == sizes
+    assert engine.state.model.frames_out > 1000  # the counters run on; the rings do not grow
+
+
+@pytest.mark.parametrize("name", ["tiny+sdu", "tiny+mae"])
+def test_refuses_models_it_does_not_cover(name: str) -> None:
+    from enhance.backends import resolve_backend
+
+    model = _tiny(name)
+    assert native_unsupported(model) is not None
+    with pytest.raises(ValueError, match="SDU or MAE"):
+        NativeStepper(model)
+    with pytest.raises(ValueError, match="use --stream-backend pytorch"):
+        resolve_backend(model, "native")
+    assert resolve_backend(model, "auto") == "torchscript"  # auto never picks native
+    no_lookahead = dataclasses.replace(
+        tiny_config(2), pre_encoder=dataclasses.replace(tiny_config(2).pre_encoder, lookahead_frames=0)
+    )
+    with pytest.raises(ValueError, match="lookahead"):
+        NativeStepper(Enhancer(no_lookahead))
+
+
+def test_one_stepper_serves_concurrent_streams() -> None:
+    model = _tiny("tiny").float()
+    stepper = NativeStepper(model)
+    rng = np.random.default_rng(3)
+    inputs = [(rng.standard_normal((1, 4000)) * 0.1).astype(np.float32) for _ in range(4)]
+
+    def run(x: np.ndarray) -> np.ndarray:
+        return _stream(StreamingEnhancer(model, 1, backend=stepper), x, [256] * 16)[0]
+
+    alone = [run(x) for x in inputs]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(run, inputs))
+    for a, b in zip(alone, together, strict=True):
+        assert np.array_equal(a, b)
+    assert not np.allclose(alone[0], alone[1])
+
+
+def test_without_a_compiler_the_cli_says_so(tmp_path: Path) -> None:
+    """No compiled library in the cache and no compiler: exit 2 with the reason, no output file."""
+    torch.manual_seed(0)
+    ck = tmp_path / "tiny.safetensors"
+    save_checkpoint(ck, Enhancer(get_config("tiny")), "tiny")
+    src = tmp_path / "in.wav"
+    sf.write(src, (np.random.default_rng(0).standard_normal(4000) * 0.1).astype(np.float32), 16000)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CC": str(tmp_path / "no-such-cc"),
+        "TIM_ENHANCE_CACHE": str(tmp_path / "cache"),
+    }
+    args = ["--stream", "--stream-backend", "native", str(src), "-o", str(tmp_path / "o.wav"), "--checkpoint"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "enhance.cli", *args, str(ck)], capture_output=True, env=env, timeout=300
+    )
+    assert proc.returncode == 2
+    assert b"needs a C compiler" in proc.stderr
+    assert not (tmp_path / "o.wav").exists()
+    # with the compiler the same command works, and builds into the cache it was given
+    env["CC"] = "cc"
+    proc = subprocess.run(
+        [sys.executable, "-m", "enhance.cli", *args, str(ck)], capture_output=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert len(list((tmp_path / "cache").glob("native_step-*.so"))) == 1
