@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from enhance.backends import streaming_backend
+from enhance.backends import resolve_backend, streaming_backend
 from models import Checkpoint, CheckpointError, count_parameters, load_checkpoint
 from models.checkpoint import read_metadata
 from models.pretrained import load_pretrained, pretrained_path
@@ -28,6 +28,7 @@ class LoadedModel:
     checkpoint: Checkpoint
     source: str  # "bundled" or "file"
     stream_backend: Any = None  # runs WebSocket streams' steps, shared by all streams (None: PyTorch)
+    stream_backend_name: str = "pytorch"  # which one (enhance.backends names, 'auto' resolved)
 
     @property
     def competition_blocks(self) -> list[int]:
@@ -87,7 +88,8 @@ def load_models(config: ServerConfig) -> dict[str, LoadedModel]:
                 ) from None
             log.warning("model '%s': no TorchScript step (%s); streams run on PyTorch", name, exc)
             backend = None
-        loaded[name] = LoadedModel(name, ck, source, backend)
+        kind = "pytorch" if backend is None else resolve_backend(ck.model, config.stream_backend)
+        loaded[name] = LoadedModel(name, ck, source, backend, kind)
 
     for name in config.model_specs:
         add(name, load_pretrained(name, device=config.device), "bundled")

@@ -221,6 +221,7 @@ async def list_models(request: Request) -> ModelsResponse:
                 n_mechanisms=lm.n_mechanisms,
                 competition_blocks=lm.competition_blocks,
                 latency_ms=lm.latency_ms,
+                stream_backend=lm.stream_backend_name,
             )
             for lm in store.models.values()
         ]

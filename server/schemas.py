@@ -54,6 +54,10 @@ class ModelInfo(BaseModel):
         description="1-based blocks with competition maps", examples=[[3, 4, 5, 6, 7]]
     )
     latency_ms: float = Field(description="algorithmic delay of the streaming engine", examples=[48.0])
+    stream_backend: str = Field(
+        description="what runs this model's WebSocket streams (enhance-server --stream-backend, 'auto' resolved)",
+        examples=["torchscript"],
+    )
 
 
 class ModelsResponse(BaseModel):

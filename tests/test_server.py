@@ -124,6 +124,7 @@ def test_health_ready_and_models(client: httpx.Client) -> None:
     assert [m["default"] for m in models] == [True, False]
     assert models[0]["competition_blocks"] == [2] and models[0]["n_mechanisms"] == 2
     assert models[0]["latency_ms"] == 48.0 and models[0]["sample_rate"] == 16000
+    assert models[0]["stream_backend"] == "torchscript"  # auto, resolved
     assert "path" not in json.dumps(models)  # server paths are not shown
 
 
@@ -415,10 +416,13 @@ def test_stream_errors(server: RunningServer, what: str, messages: list, close: 
         assert ws.close_code == close
 
 
-def test_stream_with_the_pytorch_backend(checkpoint: Path, model: Enhancer) -> None:
-    """The shared server runs streams with the default backend (TorchScript here); this one with PyTorch's."""
-    config = ServerConfig(checkpoints=(str(checkpoint),), threads=1, stream_backend="pytorch")
+@pytest.mark.parametrize("backend", ["pytorch", "native"])
+def test_stream_with_another_backend(checkpoint: Path, model: Enhancer, backend: str) -> None:
+    """The shared server runs streams with the default backend (TorchScript here); this one with PyTorch's or the
+    C step, and says so in /v1/models."""
+    config = ServerConfig(checkpoints=(str(checkpoint),), threads=1, stream_backend=backend)
     with run_server(config) as srv:
+        assert httpx.get(f"{srv.url}/v1/models").json()["models"][0]["stream_backend"] == backend
         x = noisy(1.1, 16000, 1, seed=4)
         out, done = _stream(
             srv,
@@ -442,6 +446,7 @@ def test_stream_backend_when_the_model_cannot_be_traced(tmp_path: Path) -> None:
     save_checkpoint(path, Enhancer(cfg), "no-lookahead")
     loaded = load_models(ServerConfig(checkpoints=(str(path),)))
     assert loaded["no-lookahead"].stream_backend is None
+    assert loaded["no-lookahead"].stream_backend_name == "pytorch"
     assert load_models(ServerConfig(checkpoints=(str(path),), stream_backend="pytorch"))["no-lookahead"]
     with pytest.raises(CheckpointError, match="lookahead of one frame"):
         load_models(ServerConfig(checkpoints=(str(path),), stream_backend="torchscript"))
