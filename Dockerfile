@@ -16,7 +16,8 @@
 # The bundled model is inside the package (models/pretrained/default.safetensors, no download at run time). Its
 # model card says the weights are internal R&D material (noise licences): do not push this image to a public
 # registry. The container runs as the unprivileged user "app"; it writes only temporary files (multipart uploads
-# over 1 MiB, PNG figures) under /tmp.
+# over 1 MiB, PNG figures) under /tmp. The image has no C compiler, so `--stream-backend native` / `native-fp16`
+# (compiled on first use) are refused here with that reason; streams use TorchScript (`auto`).
 
 FROM python:3.11-slim
 

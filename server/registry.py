@@ -62,11 +62,19 @@ def _split_alias(spec: str) -> tuple[str | None, str]:
 
 
 def check_config(config: ServerConfig) -> None:
-    """Cheap pre-flight (no weights read): every configured model exists. Raises :class:`CheckpointError`."""
+    """Cheap pre-flight (no weights read): every configured model exists, and a named C backend can be built (a
+    compiler, or the library already cached). Raises :class:`CheckpointError`."""
     for name in config.model_specs:
         pretrained_path(name)
     for spec in config.checkpoints:
         read_metadata(_split_alias(spec)[1])
+    if config.stream_backend in ("native", "native-fp16"):
+        from enhance.native_backend import NativeUnavailable, library
+
+        try:
+            library()
+        except NativeUnavailable as exc:
+            raise CheckpointError(f"stream backend {config.stream_backend}: {exc}") from None
 
 
 def load_models(config: ServerConfig) -> dict[str, LoadedModel]:

@@ -159,3 +159,16 @@ def test_without_a_compiler_the_cli_says_so(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr.decode()
     assert len(list((tmp_path / "cache").glob("native_step-*.so"))) == 1
+
+
+def test_without_a_compiler_the_server_refuses_to_start(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CC": str(tmp_path / "no-such-cc"),
+        "TIM_ENHANCE_CACHE": str(tmp_path / "cache"),
+    }
+    cmd = [sys.executable, "-m", "server.main", "--port", "0", "--stream-backend", "native-fp16"]
+    proc = subprocess.run(cmd, capture_output=True, env=env, timeout=300)
+    assert proc.returncode == 2
+    assert b"stream backend native-fp16: the native backend needs a C compiler" in proc.stderr
