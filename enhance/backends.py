@@ -19,13 +19,13 @@
   larger chunks run faster on ``torchscript``, which reads the weights once for up to 64 frames.
 * ``native-fp16``: the same with the weight matrices in float16 (half the bytes per frame; float32 arithmetic):
   not the same samples, but close (about 80 dB signal to difference on the default model, against int8's 36 dB;
-  ``bench/bench_int8.py``). Chosen only by name.
+  ``tests/test_native.py``). Chosen only by name.
 * ``auto``: ``torchscript`` when the model can run it (float32, on the CPU, a bounded attention context and the
   one-frame lookahead the fixed step is written for), else ``pytorch``.
 
 All but ``native-fp16`` and ``onnxruntime-int8`` give the same samples (float32 rounding; tested). A backend holds no per-stream
 state (that lives in the engine's :class:`enhance.streaming.StreamState`), so one backend can serve many streams,
-also from several threads at once (tested for ``torchscript``).
+also from several threads at once (tested for ``torchscript`` and ``native``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ import torch
 from models.enhancer import Enhancer
 from models.static_step import unsupported
 
-BACKENDS = ("auto", "pytorch", "torchscript", "native", "native-fp16", "onnxruntime", "onnxruntime-int8")
+NATIVE = ("native", "native-fp16")  # the C step (enhance/native_backend.py)
+BACKENDS = ("auto", "pytorch", "torchscript", *NATIVE, "onnxruntime", "onnxruntime-int8")
 
 
 def resolve_backend(model: Enhancer, name: str = "auto") -> str:
@@ -49,7 +50,7 @@ def resolve_backend(model: Enhancer, name: str = "auto") -> str:
     reason = "it runs on the CPU" if param.device.type != "cpu" else unsupported(model)
     if name == "auto":
         return "torchscript" if reason is None and param.dtype == torch.float32 else "pytorch"
-    if name in ("native", "native-fp16") and reason is None:
+    if name in NATIVE and reason is None:
         from enhance.native_backend import native_unsupported
 
         reason = native_unsupported(model)
@@ -66,13 +67,10 @@ def streaming_backend(model: Enhancer, name: str = "auto", threads: int = 1) -> 
         from enhance.fixed_step import TracedStepper
 
         return TracedStepper(model)
-    if kind in ("native", "native-fp16"):
-        from enhance.native_backend import NativeStepper, NativeUnavailable
+    if kind in NATIVE:  # raises NativeUnavailable (a RuntimeError saying why) without a compiler
+        from enhance.native_backend import NativeStepper
 
-        try:
-            return NativeStepper(model, half=kind == "native-fp16")
-        except NativeUnavailable as exc:  # no compiler: a clear error, as for a missing extra
-            raise ImportError(str(exc)) from None
+        return NativeStepper(model, half=kind == "native-fp16")
     if kind in ("onnxruntime", "onnxruntime-int8"):
         try:
             import onnx  # noqa: F401

@@ -35,6 +35,7 @@ import torch
 from models.encoder_layer import StandardLayer
 from models.enhancer import Enhancer, EnhancerOutput
 from models.pre_encoder import ConvBlock
+from models.static_step import unsupported
 from models.tim_layer import TIMLayer
 
 SOURCE = Path(__file__).with_name("native_step.c")
@@ -46,14 +47,16 @@ class NativeUnavailable(RuntimeError):
 
 
 def native_unsupported(model: Enhancer) -> str | None:
-    """Why the C step cannot run ``model`` (None: it can)."""
+    """Why the C step cannot run ``model`` (None: it can): what the fixed-shape step needs (a bounded context, the
+    one-frame lookahead), and no SDU or MAE blocks, within the C file's limits."""
     cfg = model.cfg
+    reason = unsupported(model)
+    if reason is not None:
+        return reason
     if cfg.sdu_blocks or cfg.mae_blocks:
         return "the native step has no SDU or MAE blocks"
-    if cfg.context_frames < 1:
-        return "the native step needs context_frames >= 1"
-    if cfg.lookahead_frames != 1 or cfg.pre_encoder.kernel_size != 3:
-        return "the native step is written for kernel 3 and a lookahead of one frame"
+    if cfg.pre_encoder.kernel_size != 3:
+        return "the native step is written for kernel 3"
     if len(cfg.pre_encoder.channels) > 8 or len(model.layers) > 64:
         return "the native step takes at most 8 convolutions and 64 blocks"
     for layer in model.layers:
@@ -218,14 +221,14 @@ class NativeStepper:
 
     def __init__(self, model: Enhancer, half: bool = False) -> None:
         """``half``: the weight matrices in float16 (``native-fp16``): half the bytes to read per frame, not the
-        float32 numbers (``bench/bench_int8.py`` scores it)."""
+        float32 numbers (about 80 dB from them on the bundled model, ``tests/test_native.py``)."""
         reason = native_unsupported(model)
         if reason is not None:
             raise ValueError(f"{reason}; use the torchscript or pytorch backend")
         self.model = model  # read for the attenuation limit at every call, as Enhancer.forward does
         self.lib = library()
-        self.ints, self.floats, self.weights = pack(model)
-        handle = self.lib.tim_model_new(_addr(self.ints), _addr(self.floats), _addr(self.weights), int(half))
+        ints, floats, self.weights = pack(model)  # the C model copies the config and points into the weights
+        handle = self.lib.tim_model_new(_addr(ints), _addr(floats), _addr(self.weights), int(half))
         if not handle:
             raise ValueError("the native step does not cover this model's configuration")
         self._handle = ctypes.c_void_p(handle)

@@ -66,10 +66,7 @@ typedef struct {
 /* y = b + x W, W [n_in][n_out] row-major; four rows per pass so y is loaded and stored a quarter as often. */
 static void gemv(float *restrict y, const float *restrict x, const float *restrict w, const float *restrict b,
                  int n_in, int n_out) {
-    if (b)
-        memcpy(y, b, sizeof(float) * (size_t)n_out);
-    else
-        memset(y, 0, sizeof(float) * (size_t)n_out);
+    memcpy(y, b, sizeof(float) * (size_t)n_out);
     int i = 0;
     for (; i + 4 <= n_in; i += 4) {
         const float a0 = x[i], a1 = x[i + 1], a2 = x[i + 2], a3 = x[i + 3];

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from enhance.backends import resolve_backend, streaming_backend
+from enhance.backends import NATIVE, resolve_backend, streaming_backend
 from models import Checkpoint, CheckpointError, count_parameters, load_checkpoint
 from models.checkpoint import read_metadata
 from models.pretrained import load_pretrained, pretrained_path
@@ -68,7 +68,7 @@ def check_config(config: ServerConfig) -> None:
         pretrained_path(name)
     for spec in config.checkpoints:
         read_metadata(_split_alias(spec)[1])
-    if config.stream_backend in ("native", "native-fp16"):
+    if config.stream_backend in NATIVE:
         from enhance.native_backend import NativeUnavailable, library
 
         try:
@@ -88,15 +88,15 @@ def load_models(config: ServerConfig) -> dict[str, LoadedModel]:
             raise CheckpointError(f"two models are named '{name}' (give one an alias: ALIAS=PATH)")
         ck.model.eval()
         try:
-            backend = streaming_backend(ck.model, config.stream_backend, threads=torch.get_num_threads())
+            kind = resolve_backend(ck.model, config.stream_backend)  # 'auto' resolved, for /v1/models
+            backend = streaming_backend(ck.model, kind, threads=torch.get_num_threads())
         except Exception as exc:  # only streams need it: 'auto' falls back to PyTorch, a named one must work
             if config.stream_backend != "auto":
                 raise CheckpointError(
                     f"model '{name}': stream backend {config.stream_backend}: {exc}"
                 ) from None
             log.warning("model '%s': no TorchScript step (%s); streams run on PyTorch", name, exc)
-            backend = None
-        kind = "pytorch" if backend is None else resolve_backend(ck.model, config.stream_backend)
+            backend, kind = None, "pytorch"
         loaded[name] = LoadedModel(name, ck, source, backend, kind)
 
     for name in config.model_specs:

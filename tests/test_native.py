@@ -1,5 +1,5 @@
 """The ``native`` streaming backend (the step in C, enhance/native_step.c): the PyTorch numbers, bounded state,
-clear errors where it cannot run, and one stepper shared by concurrent streams."""
+clear errors where it cannot run. (One stepper shared by concurrent streams: tests/test_streaming.py.)"""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import dataclasses
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -113,23 +112,6 @@ def test_refuses_models_it_does_not_cover(name: str) -> None:
     )
     with pytest.raises(ValueError, match="lookahead"):
         NativeStepper(Enhancer(no_lookahead))
-
-
-def test_one_stepper_serves_concurrent_streams() -> None:
-    model = _tiny("tiny").float()
-    stepper = NativeStepper(model)
-    rng = np.random.default_rng(3)
-    inputs = [(rng.standard_normal((1, 4000)) * 0.1).astype(np.float32) for _ in range(4)]
-
-    def run(x: np.ndarray) -> np.ndarray:
-        return _stream(StreamingEnhancer(model, 1, backend=stepper), x, [256] * 16)[0]
-
-    alone = [run(x) for x in inputs]
-    with ThreadPoolExecutor(4) as pool:
-        together = list(pool.map(run, inputs))
-    for a, b in zip(alone, together, strict=True):
-        assert np.array_equal(a, b)
-    assert not np.allclose(alone[0], alone[1])
 
 
 def test_without_a_compiler_the_cli_says_so(tmp_path: Path) -> None:

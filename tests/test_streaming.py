@@ -355,15 +355,16 @@ def test_backend_choice() -> None:
         resolve_backend(model, "tensorrt")
 
 
-def test_one_traced_backend_serves_concurrent_streams() -> None:
+@pytest.mark.parametrize("kind", ["torchscript", "native"])
+def test_one_backend_serves_concurrent_streams(kind: str) -> None:
     """The server shares one backend among its streams, each in its own thread: no state may leak between them."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from enhance.fixed_step import TracedStepper
+    from enhance.backends import streaming_backend
     from enhance.threads import inherit_threads
 
     model = _model("tiny").float()
-    backend = TracedStepper(model)
+    backend = streaming_backend(model, kind)
     rng = np.random.default_rng(3)
     inputs = [(rng.standard_normal((1, 4000)) * 0.1).astype(np.float32) for _ in range(4)]
 
