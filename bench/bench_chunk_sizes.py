@@ -40,7 +40,15 @@ from recipes.evaluate import write_text  # noqa: E402
 T = TypeVar("T")
 
 CHUNKS = (256, 512, 800, 1600, 4800, 16000)
-BACKENDS = ("pytorch", "torchscript", "native", "native-fp16", "onnxruntime", "onnxruntime-int8")
+BACKENDS = (
+    "pytorch",
+    "torchscript",
+    "native",
+    "native-fp16",
+    "native-int8",
+    "onnxruntime",
+    "onnxruntime-int8",
+)
 
 
 def fastest_alternating(fns: dict[T, Callable[[], float]], rounds: int) -> dict[T, float]:

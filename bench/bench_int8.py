@@ -1,7 +1,13 @@
-"""The int8 streaming step (backend ``onnxruntime-int8``) against the float32 one: how much faster, how close.
+"""A reduced-precision streaming backend against its float32 one: how much faster, how close.
 
-    python bench/bench_int8.py [--model default | --checkpoint PATH] [--pairs ../shared/data] [--limit 120]
-        [--no-dnsmos] [--out bench/results/int8]
+    python bench/bench_int8.py [--backend onnxruntime-int8 | native-int8 | native-fp16]
+        [--model default | --checkpoint PATH] [--pairs ../shared/data] [--limit 120] [--no-dnsmos]
+        [--out bench/results/int8 (onnxruntime-int8) | bench/results/<backend>]
+
+``onnxruntime-int8`` (the default) is compared with ``onnxruntime``; ``native-int8`` and ``native-fp16`` (the C
+step with int8 / float16 weight matrices and float16 key/value rings, ``enhance/native_backend.py``) with
+``native``, the C step in float32. What follows is written for the onnxruntime pair; the native pair times the C
+step alone at 1 and 2 frames per call (no free-frame-count export there) and the same engine rows.
 
 A per-hop stream reads every weight of the model once per 16 ms hop: 23 MB in float32 for the default model, which
 sets a floor under the real-time factor (``bench/bench_step_floor.py``). ``enhance.onnx_backend.quantize_step``
@@ -49,6 +55,7 @@ from bench_chunk_sizes import fastest_alternating, rtf
 from bench_streaming import test_signal
 
 from enhance.audio_io import load_mono_16k
+from enhance.native_backend import NativeStepper
 from enhance.onnx_backend import OnnxStepper, onnx_stepper
 from enhance.streaming import StreamingEnhancer
 from models.checkpoint import load_checkpoint
@@ -59,7 +66,7 @@ from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics
 from recipes.pairs import Pair, discover_pairs
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("float32", "int8")
+REDUCED = {"onnxruntime-int8": "int8", "native-int8": "int8", "native-fp16": "float16"}
 
 
 def step_timer(stepper: OnnxStepper, frames: int, calls: int, free: bool = False) -> Callable[[], float]:
@@ -88,6 +95,22 @@ def step_timer(stepper: OnnxStepper, frames: int, calls: int, free: bool = False
     return batch
 
 
+def native_step_timer(stepper: NativeStepper, frames: int, calls: int) -> Callable[[], float]:
+    """Seconds per call of the C step with ``frames`` new frames, after a full ring of frames (zeros)."""
+    state = stepper.new_state(1)
+    feats = torch.zeros(1, frames, stepper.n_bins)
+    for _ in range(stepper.model.cfg.context_frames // frames + 2):
+        stepper.step(feats, state)
+
+    def batch() -> float:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            stepper.step(feats, state)
+        return (time.perf_counter() - t0) / calls
+
+    return batch
+
+
 def enhance(engine: StreamingEnhancer, noisy: np.ndarray, chunk: int = 256) -> np.ndarray:
     """``noisy`` through ``engine`` one 16-ms hop at a time, like a live stream (and ``enhance-cli --stream``):
     int8 output depends a little on the frames per call, since each product's input is scaled per call."""
@@ -105,13 +128,19 @@ def main(argv: list[str] | None = None) -> int:
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--model", default="default")
     g.add_argument("--checkpoint")
+    ap.add_argument("--backend", choices=sorted(REDUCED), default="onnxruntime-int8")
     ap.add_argument("--pairs", help="folder of noisy/clean pairs (default: examples/noisy.wav and clean.wav)")
     ap.add_argument("--limit", type=int, default=120, help="score at most this many pairs")
     ap.add_argument("--no-dnsmos", action="store_true")
     ap.add_argument("--calls", type=int, default=200, help="step calls per timed batch")
     ap.add_argument("--seconds", type=float, default=10.0, help="test signal for the engine's speed")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "int8"))
+    ap.add_argument("--out", help="results folder (default: bench/results/int8 or bench/results/<backend>)")
     args = ap.parse_args(argv)
+    reduced = REDUCED[args.backend]
+    kinds = ("float32", reduced)
+    native = args.backend.startswith("native")
+    default_out = "int8" if args.backend == "onnxruntime-int8" else args.backend
+    out = Path(args.out or ROOT / "bench" / "results" / default_out)
     torch.set_num_threads(1)
     ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
     model: Enhancer = ck.model.float().eval()
@@ -124,21 +153,30 @@ def main(argv: list[str] | None = None) -> int:
     else:
         pairs = example_pairs()
     load_before = os.getloadavg()[0]
-    # what the onnxruntime backends run (a one-frame step for per-hop calls, and the free one)
-    steppers = {kind: onnx_stepper(model, int8=kind == "int8") for kind in KINDS}
-    sizes = {kind: s.step_bytes for kind, s in steppers.items()}
+    # what the backends run (onnxruntime: a one-frame step for per-hop calls, and the free one)
+    steppers: dict[str, Any]
+    if native:
+        steppers = {kind: NativeStepper(model, weights=kind) for kind in kinds}
+        rows = [("step alone, 1 frame per call", 1, False), ("step alone, 2 frames per call", 2, False)]
+    else:
+        steppers = {kind: onnx_stepper(model, int8=kind == "int8") for kind in kinds}
+        rows = [
+            ("step alone, 1 frame per call (the one-frame step)", 1, False),
+            ("step alone, 1 frame per call, free-frame-count step", 1, True),
+            ("step alone, 2 frames per call", 2, False),
+        ]
     engines = {k: StreamingEnhancer(model, backend=s) for k, s in steppers.items()}
 
     # speed
     x = test_signal(args.seconds)[None]
     speed: list[dict[str, Any]] = []
-    for what, frames, free in (
-        ("step alone, 1 frame per call (the one-frame step)", 1, False),
-        ("step alone, 1 frame per call, free-frame-count step", 1, True),
-        ("step alone, 2 frames per call", 2, False),
-    ):
-        t = fastest_alternating({k: step_timer(s, frames, args.calls, free) for k, s in steppers.items()}, 5)
-        for k in KINDS:
+    for what, frames, free in rows:
+        timers = {
+            k: native_step_timer(s, frames, args.calls) if native else step_timer(s, frames, args.calls, free)
+            for k, s in steppers.items()
+        }
+        t = fastest_alternating(timers, 5)
+        for k in kinds:
             speed.append(
                 {"what": what, "kind": k, "ms_per_call": 1000 * t[k], "rtf": t[k] / (0.016 * frames)}
             )
@@ -146,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         for e in engines.values():
             rtf(e, x, chunk)  # warm-up
         r = fastest_alternating({k: functools.partial(rtf, e, x, chunk) for k, e in engines.items()}, 3)
-        for k in KINDS:
+        for k in kinds:
             speed.append(
                 {"what": f"streaming engine, {chunk // 16} ms chunks", "kind": k, "ms_per_call": math.nan}
                 | {"rtf": r[k]}
@@ -160,30 +198,38 @@ def main(argv: list[str] | None = None) -> int:
         noisy, _, _ = load_mono_16k(pair.noisy_path)
         clean, _, _ = load_mono_16k(pair.clean_path)
         outs = {k: enhance(e, noisy) for k, e in engines.items()}
-        err = float(np.sum((outs["int8"] - outs["float32"]) ** 2))
+        err = float(np.sum((outs[reduced] - outs["float32"]) ** 2))
         diffs.append(10 * math.log10(float(np.sum(outs["float32"] ** 2)) / max(err, 1e-20)))
-        for k in KINDS:
+        for k in kinds:
             per_file.append({"name": pair.name, "system": k} | compute_metrics(clean, outs[k], scorer))
         if (i + 1) % 20 == 0:
             print(f"[bench_int8] {i + 1}/{len(pairs)} pairs", file=sys.stderr)
     sides = {
         k: {r["name"]: {m: str(r[m]) for m in METRIC_KEYS} for r in per_file if r["system"] == k}
-        for k in KINDS
+        for k in kinds
     }
     metrics = [m for m in METRIC_KEYS if scorer is not None or not m.startswith("dnsmos")]
-    paired = bench_paired.paired(sides["float32"], sides["int8"], metrics)
+    paired = bench_paired.paired(sides["float32"], sides[reduced], metrics)
 
     cmd = "python bench/bench_int8.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    base = args.backend.rsplit("-", 1)[0]
+    size = (
+        f"Weights read per frame: {steppers['float32'].weight_bytes / 2**20:.1f} MiB float32, "
+        f"{steppers[reduced].weight_bytes / 2**20:.1f} MiB with {reduced} matrices."
+        if native
+        else f"Step file: {steppers['float32'].step_bytes / 2**20:.1f} MiB float32, "
+        f"{steppers[reduced].step_bytes / 2**20:.1f} MiB {reduced}."
+    )
     lines = [
-        f"int8 against float32 streaming step, {time.strftime('%Y-%m-%d %H:%M')}, "
+        f"{args.backend} against {base} (float32) streaming step, {time.strftime('%Y-%m-%d %H:%M')}, "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, one thread; model "
         f"{args.checkpoint or repr(args.model)}. Load average before the run: {load_before:.2f}.",
         "",
         f"Command: `{cmd.strip()}`",
         "",
-        f"Step file: {sizes['float32'] / 2**20:.1f} MiB float32, {sizes['int8'] / 2**20:.1f} MiB int8.",
+        size,
         "",
-        "| what | float32 ms/call | int8 ms/call | float32 RTF | int8 RTF | int8 / float32 |",
+        f"| what | float32 ms/call | {reduced} ms/call | float32 RTF | {reduced} RTF | {reduced} / float32 |",
         "|---|---|---|---|---|---|",
     ]
     for a, b in zip(speed[::2], speed[1::2], strict=True):
@@ -196,13 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     lines += [
         "",
         f"Accuracy on {len(pairs)} pair(s){' under `' + args.pairs + '`' if args.pairs else ' (the example file)'}: "
-        f"int8 output against float32 output, signal to difference median {np.median(d):.1f} dB "
-        f"(min {d.min():.1f}, max {d.max():.1f}). Scores against the clean files (base = float32, new = int8):",
+        f"{reduced} output against float32 output, signal to difference median {np.median(d):.1f} dB "
+        f"(min {d.min():.1f}, max {d.max():.1f}). Scores against the clean files (base = float32, new = {reduced}):",
         "",
         bench_paired.markdown(paired),
     ]
     text = "\n".join(lines)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "speed.csv", ["what", "kind", "ms_per_call", "rtf"], speed)
     write_csv(out / "paired.csv", bench_paired.COLUMNS, paired)

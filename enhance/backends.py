@@ -17,13 +17,16 @@
   compiler): one frame at a time with no per-operation overhead, the fastest for per-hop streaming
   (``bench/bench_streaming.py``). Standard and TIM blocks (no SDU or MAE), CPU, float32. Chosen only by name:
   larger chunks run faster on ``torchscript``, which reads the weights once for up to 64 frames.
-* ``native-fp16``: the same with the weight matrices in float16 (half the bytes per frame; float32 arithmetic):
-  not the same samples, but close (about 80 dB signal to difference on the default model, against int8's 36 dB;
-  ``tests/test_native.py``). Chosen only by name.
+* ``native-fp16``: the same with the weight matrices and the key/value rings in float16 (half the bytes per
+  frame; float32 arithmetic): not the same samples, but close (about 80 dB signal to difference on the default
+  model, against onnxruntime-int8's 36 dB; ``tests/test_native.py``). Chosen only by name.
+* ``native-int8``: the same with the weight matrices in int8, one float scale per output column (a quarter of
+  the bytes), the rings in float16: about 45 dB from the float32 samples; scores against them in
+  ``bench/bench_int8.py``. Chosen only by name.
 * ``auto``: ``torchscript`` when the model can run it (float32, on the CPU, a bounded attention context and the
   one-frame lookahead the fixed step is written for), else ``pytorch``.
 
-All but ``native-fp16`` and ``onnxruntime-int8`` give the same samples (float32 rounding; tested). A backend holds no per-stream
+All but ``native-fp16``, ``native-int8`` and ``onnxruntime-int8`` give the same samples (float32 rounding; tested). A backend holds no per-stream
 state (that lives in the engine's :class:`enhance.streaming.StreamState`), so one backend can serve many streams,
 also from several threads at once (tested for ``torchscript`` and ``native``).
 """
@@ -37,7 +40,8 @@ import torch
 from models.enhancer import Enhancer
 from models.static_step import unsupported
 
-NATIVE = ("native", "native-fp16")  # the C step (enhance/native_backend.py)
+# the C step (enhance/native_backend.py) and its weights' precision
+NATIVE = {"native": "float32", "native-fp16": "float16", "native-int8": "int8"}
 BACKENDS = ("auto", "pytorch", "torchscript", *NATIVE, "onnxruntime", "onnxruntime-int8")
 
 
@@ -70,7 +74,7 @@ def streaming_backend(model: Enhancer, name: str = "auto", threads: int = 1) -> 
     if kind in NATIVE:  # raises NativeUnavailable (a RuntimeError saying why) without a compiler
         from enhance.native_backend import NativeStepper
 
-        return NativeStepper(model, half=kind == "native-fp16")
+        return NativeStepper(model, weights=NATIVE[kind])
     if kind in ("onnxruntime", "onnxruntime-int8"):
         try:
             import onnx  # noqa: F401

@@ -8,7 +8,11 @@ overhead (hundreds of small operations) as on reading the weights (``bench/resul
 does one frame with no framework in between: each weight matrix is streamed once per frame, everything else is a
 few thousand flops. It gives the same numbers as the PyTorch step to float32 rounding (``tests/test_native.py``)
 and, like the other backends, keeps no per-stream state of its own (:class:`NativeState` is passed in and out),
-so one stepper serves many streams and threads (the C call releases the GIL).
+so one stepper serves many streams and threads (the C call releases the GIL). The streaming engine calls
+:meth:`NativeStepper.run_frames`, which also does each frame's analysis, synthesis and overlap-add in C (one
+call per hop and channel); :meth:`NativeStepper.step` is the bare step (features in, log magnitudes out).
+``weights="float16"`` / ``"int8"`` (backends ``native-fp16`` / ``native-int8``) read a half / a quarter of the
+weight bytes per frame, close to but not the float32 numbers.
 
 It runs the standard and TIM blocks (with or without competition) with the one-frame lookahead; models with SDU
 or MAE blocks use the other backends. It needs a C compiler (``cc``, or ``$CC``) the first time on a machine: the
@@ -32,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from enhance.stft import sqrt_hann
 from models.encoder_layer import StandardLayer
 from models.enhancer import Enhancer, EnhancerOutput
 from models.pre_encoder import ConvBlock
@@ -40,6 +45,13 @@ from models.tim_layer import TIMLayer
 
 SOURCE = Path(__file__).with_name("native_step.c")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared", "-std=gnu11")
+
+
+PRECISIONS = (
+    "float32",
+    "float16",
+    "int8",
+)  # the C step's weight matrices (tim_model_new's precision 0, 1, 2)
 
 
 class NativeUnavailable(RuntimeError):
@@ -108,6 +120,21 @@ def library() -> ctypes.CDLL:
     lib.tim_sizes.argtypes = [ptr, ptr]
     lib.tim_step.restype = ctypes.c_int
     lib.tim_step.argtypes = [ptr, ptr, ptr, ptr, ptr, ctypes.c_int, ctypes.c_float, ptr, ptr]
+    lib.tim_frames.restype = ctypes.c_int
+    lib.tim_frames.argtypes = [
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_float,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+    ]
     return lib
 
 
@@ -195,6 +222,7 @@ def pack(model: Enhancer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             ints += [0, 1, att.cfg.n_heads, s.d_ff, 0, 0, 0, 0]
             floats.append(s.negative_slope)
     parts += [model.head.weight.t(), model.head.bias]
+    floats += sqrt_hann(cfg.stft.win_length).tolist()  # tim_frames' analysis and synthesis window
     if any(eps != 1e-5 for eps in norms):
         raise ValueError("the native step is written for LayerNorm eps 1e-5")
     with torch.no_grad():
@@ -219,26 +247,39 @@ class NativeState:
 class NativeStepper:
     """:meth:`models.enhancer.Enhancer.step`'s contract on the C step (CPU, float32 at any model dtype)."""
 
-    def __init__(self, model: Enhancer, half: bool = False) -> None:
-        """``half``: the weight matrices in float16 (``native-fp16``): half the bytes to read per frame, not the
-        float32 numbers (about 80 dB from them on the bundled model, ``tests/test_native.py``)."""
+    def __init__(self, model: Enhancer, weights: str = "float32") -> None:
+        """``weights``: the weight matrices in ``float32`` (``native``: the PyTorch numbers), ``float16``
+        (``native-fp16``: half the bytes to read per frame) or ``int8`` (``native-int8``: a quarter; one float
+        scale per output column). The reduced two are close to but not the float32 numbers (signal to difference
+        on the bundled model: about 80 dB and 45 dB, ``tests/test_native.py``; scores:
+        ``bench/bench_int8.py``) and also keep the key/value rings in float16. The arithmetic is float32 in all."""
+        if weights not in PRECISIONS:
+            raise ValueError(f"weights must be one of {', '.join(PRECISIONS)}, not {weights!r}")
         reason = native_unsupported(model)
         if reason is not None:
             raise ValueError(f"{reason}; use the torchscript or pytorch backend")
         self.model = model  # read for the attenuation limit at every call, as Enhancer.forward does
+        self.precision = weights
         self.lib = library()
-        ints, floats, self.weights = pack(model)  # the C model copies the config and points into the weights
-        handle = self.lib.tim_model_new(_addr(ints), _addr(floats), _addr(self.weights), int(half))
+        # the C model copies the config ints and points into the floats (the window) and the weights
+        ints, self.floats, self.weights = pack(model)
+        handle = self.lib.tim_model_new(
+            _addr(ints), _addr(self.floats), _addr(self.weights), PRECISIONS.index(weights)
+        )
         if not handle:
             raise ValueError("the native step does not cover this model's configuration")
         self._handle = ctypes.c_void_p(handle)
         self._free = self.lib.tim_model_free
-        sizes = np.zeros(5, np.int64)
+        sizes = np.zeros(6, np.int64)
         self.lib.tim_sizes(self._handle, _addr(sizes))
-        n_weights, self.state_floats, self.work_floats, self.n_maps, self.map_groups = (int(x) for x in sizes)
+        n_weights, self.state_floats, self.work_floats, self.n_maps, self.map_groups = (
+            int(x) for x in sizes[:5]
+        )
+        self.weight_bytes = int(sizes[5])  # read per frame: the matrices in their precision, the rest float32
         if n_weights != self.weights.size:
             raise AssertionError(f"packed {self.weights.size} weights, the C step reads {n_weights}")
         self.n_bins = model.cfg.pre_encoder.n_bins
+        self.hop, self.win = model.cfg.stft.hop_length, model.cfg.stft.win_length
 
     def __del__(self) -> None:
         handle = getattr(self, "_handle", None)
@@ -291,3 +332,59 @@ class NativeStepper:
         if maps is not None and m:
             competition = [torch.from_numpy(np.ascontiguousarray(maps[:, :m, i])) for i in range(self.n_maps)]
         return EnhancerOutput(log_mag, competition), state
+
+    def run_frames(
+        self,
+        samples: np.ndarray,
+        n: int,
+        final: bool,
+        state: NativeState,
+        pending: np.ndarray,
+        tail: np.ndarray,
+        return_competition: bool = False,
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The streaming engine's whole per-frame path in C (:meth:`StreamingEnhancer._advance
+        <enhance.streaming.StreamingEnhancer._advance>` takes it when the backend has it): analysis of ``n`` new
+        frames of ``samples`` [B, (n - 1) * hop + win] (frame t starts at sample t * hop), the step, synthesis
+        with the noisy phase and overlap-add, in one call per channel instead of a dozen array operations
+        (``final``: the stream's end, :meth:`step`'s). ``pending`` [B, F] complex64 (the spectrum of the frame
+        waiting for its lookahead frame) and ``tail`` [B, win - hop] float32 (the overlap-add tail) are the
+        engine's state, updated in place. Returns the final samples [B, m * hop] of the m frames output and,
+        with ``return_competition``, their competition scores per TIM layer [B, m, n_s]."""
+        batch = samples.shape[0]
+        x = np.ascontiguousarray(samples, np.float32)
+        if n and x.shape[1] < (n - 1) * self.hop + self.win:
+            raise ValueError(f"{n} frames need {(n - 1) * self.hop + self.win} samples, got {x.shape[1]}")
+        for a, dtype, width in (
+            (pending, np.complex64, self.n_bins),
+            (tail, np.float32, self.win - self.hop),
+        ):
+            if a.dtype != dtype or a.shape != (batch, width) or not a.flags.c_contiguous:
+                raise ValueError(f"expected a contiguous {dtype.__name__} array [{batch}, {width}]")
+        out = np.empty((batch, (n + 1) * self.hop), np.float32)
+        maps = (
+            np.empty((batch, n + 1, self.n_maps, self.map_groups), np.float32) if return_competition else None
+        )
+        gain = self._min_gain()
+        m = 0
+        for b in range(batch):
+            m = self.lib.tim_frames(
+                self._handle,
+                _addr(state.floats[b]),
+                _addr(state.counters[b]),
+                _addr(state.work),
+                _addr(x[b]),
+                n,
+                int(final),
+                gain,
+                _addr(pending[b]),
+                _addr(tail[b]),
+                _addr(out[b]),
+                None if maps is None else _addr(maps[b]),
+            )
+        competition = (
+            []
+            if maps is None or not m
+            else [np.ascontiguousarray(maps[:, :m, i]) for i in range(self.n_maps)]
+        )
+        return out[:, : m * self.hop], competition

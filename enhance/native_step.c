@@ -7,7 +7,7 @@
  * thousand flops per frame. enhance/native_backend.py compiles this file, lays out the weights and the state in the
  * order read below, and checks the result against PyTorch (tests/test_native.py).
  *
- * Weights (float32, one array, in this order; W is [n_in][n_out], i.e. PyTorch's Linear weight transposed):
+ * Weights (float32, one array, in this order; the float16 and int8 modes convert the matrices once at start; W is [n_in][n_out], i.e. PyTorch's Linear weight transposed):
  *   conv i (i < n_conv):  W [k][C_in][C_out] (frame-major windows), bias, LayerNorm gain, LayerNorm bias
  *   block j:              per-group joint map [G][dm][s + 3 dm] (s = 1 with competition: the score first, then
  *                         Q, K, V) + bias [G][s + 3 dm]; O [G][dm][dm] + bias; norm1 gain, bias [d];
@@ -16,7 +16,12 @@
  *                         (a standard block is G = 1 without competition or inter-mechanism attention)
  *   head:                 W [d][F] + bias [F]
  * State of one channel (floats): per conv its last k - 1 = 2 input frames [2][C_in]; per block the key and value
- * rings, keys [H][Dh][context] (transposed) and values [H][context][Dh]. Counters (int64): [0] frame 0 received, [1] frames output so far.
+ * rings, keys [H][Dh][context] (transposed) and values [H][context][Dh], float32 (float16 in the float16 and int8
+ * modes). Counters (int64): [0] frame 0 received, [1] frames output so far.
+ *
+ * tim_frames (end of file) wraps the step in the engine's signal path (enhance/stft.py's framing): analysis with
+ * the window and an FFT, the step, synthesis with the noisy phase and overlap-add, so that a streaming hop is one
+ * call with no per-array overhead in Python.
  */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -34,7 +39,9 @@ typedef _Float16 half_t;
 
 typedef struct {
     const float *w, *b;
-    const half_t *h; /* the weights in float16 (half mode), or NULL */
+    const half_t *h;  /* the weights in float16 (float16 mode), or NULL */
+    const int8_t *q;  /* the weights in int8 (int8 mode), or NULL; W[i][o] = q[i][o] * scale[o] per group */
+    const float *scale; /* [groups][n_out] */
     int groups, n_in, n_out;
 } GroupLinear;
 
@@ -47,7 +54,7 @@ typedef struct {
     float slope;
     GroupLinear qkv, o, inter_qkv, inter_o, ffn_in, ffn_out;
     Norm norm1, norm_inter, norm_ffn;
-    int64_t k_off, v_off; /* offsets of the rings in the state */
+    int64_t k_off, v_off; /* offsets of the rings in the state (in floats; the rings may hold float16) */
 } Block;
 
 typedef struct {
@@ -59,8 +66,14 @@ typedef struct {
     int64_t conv_off[MAX_CONV];
     Block blocks[MAX_LAYERS];
     GroupLinear head;
-    int64_t state_floats, work_floats, weight_floats;
-    half_t *half; /* half mode: every matrix in float16, read as float32 (biases and norms stay float32) */
+    int64_t state_floats, work_floats, step_work, weight_floats, weight_bytes;
+    int n_fft, hop;          /* the signal path (tim_frames): n_fft = 2 (n_bins - 1) = window = 2 hops */
+    const float *window;     /* analysis = synthesis window [n_fft] (the config floats) */
+    double *tw_re, *tw_im;   /* FFT twiddles exp(-2 pi i k / n_fft), k < n_fft / 2 */
+    int *rev;                /* bit reversal of 0 .. n_fft - 1 */
+    int precision;  /* the weight matrices: 0 float32, 1 float16, 2 int8 (biases and norms stay float32) */
+    void *reduced;  /* float16 or int8 mode: the matrices (and int8's scales), converted once */
+    int half_rings; /* float16 and int8 modes: the key/value rings in float16 */
 } Model;
 
 /* y = b + x W, W [n_in][n_out] row-major; four rows per pass so y is loaded and stored a quarter as often. */
@@ -83,6 +96,31 @@ static void gemv(float *restrict y, const float *restrict x, const float *restri
     }
 }
 
+#if defined(__AVX512F__)
+/* The AVX-512 loop of gemv16 and gemv8: y[o] += sum of x[i..i+4) W[i..i+4)[o] four rows per pass (as in gemv),
+ * W's elements of type T loaded 16 at a time as floats by LOAD(pointer); leaves i at the first row not done. */
+#define ROWS4_AVX512(T, LOAD)                                                                                   \
+    for (; i + 4 <= n_in; i += 4) {                                                                             \
+        const __m512 a0 = _mm512_set1_ps(x[i]), a1 = _mm512_set1_ps(x[i + 1]);                                 \
+        const __m512 a2 = _mm512_set1_ps(x[i + 2]), a3 = _mm512_set1_ps(x[i + 3]);                             \
+        const T *w0 = w + (size_t)i * n_out, *w1 = w0 + n_out, *w2 = w1 + n_out, *w3 = w2 + n_out;             \
+        int o = 0;                                                                                              \
+        for (; o + 16 <= n_out; o += 16) {                                                                      \
+            __m512 acc = _mm512_loadu_ps(y + o);                                                                \
+            acc = _mm512_fmadd_ps(a0, LOAD(w0 + o), acc);                                                       \
+            acc = _mm512_fmadd_ps(a1, LOAD(w1 + o), acc);                                                       \
+            acc = _mm512_fmadd_ps(a2, LOAD(w2 + o), acc);                                                       \
+            acc = _mm512_fmadd_ps(a3, LOAD(w3 + o), acc);                                                       \
+            _mm512_storeu_ps(y + o, acc);                                                                       \
+        }                                                                                                       \
+        for (; o < n_out; o++)                                                                                  \
+            y[o] += x[i] * (float)w0[o] + x[i + 1] * (float)w1[o] + x[i + 2] * (float)w2[o] +                   \
+                    x[i + 3] * (float)w3[o];                                                                    \
+    }
+#define LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define LOAD_I8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#endif
+
 /* gemv with float16 weights: half the bytes to read, converted to float32 as they are loaded (F16C / AVX-512
  * conversions where the compiler targets them; compilers do not vectorise the conversion loop by themselves) */
 static void gemv16(float *restrict y, const float *restrict x, const half_t *restrict w, const float *restrict b,
@@ -90,23 +128,7 @@ static void gemv16(float *restrict y, const float *restrict x, const half_t *res
     memcpy(y, b, sizeof(float) * (size_t)n_out);
     int i = 0;
 #if defined(__AVX512F__)
-    for (; i + 4 <= n_in; i += 4) { /* four rows per pass, as in gemv */
-        const __m512 a0 = _mm512_set1_ps(x[i]), a1 = _mm512_set1_ps(x[i + 1]);
-        const __m512 a2 = _mm512_set1_ps(x[i + 2]), a3 = _mm512_set1_ps(x[i + 3]);
-        const half_t *w0 = w + (size_t)i * n_out, *w1 = w0 + n_out, *w2 = w1 + n_out, *w3 = w2 + n_out;
-        int o = 0;
-        for (; o + 16 <= n_out; o += 16) {
-            __m512 acc = _mm512_loadu_ps(y + o);
-            acc = _mm512_fmadd_ps(a0, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w0 + o))), acc);
-            acc = _mm512_fmadd_ps(a1, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w1 + o))), acc);
-            acc = _mm512_fmadd_ps(a2, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w2 + o))), acc);
-            acc = _mm512_fmadd_ps(a3, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w3 + o))), acc);
-            _mm512_storeu_ps(y + o, acc);
-        }
-        for (; o < n_out; o++)
-            y[o] += x[i] * (float)w0[o] + x[i + 1] * (float)w1[o] + x[i + 2] * (float)w2[o] +
-                    x[i + 3] * (float)w3[o];
-    }
+    ROWS4_AVX512(half_t, LOAD_F16)
 #endif
     for (; i < n_in; i++) {
         const float a = x[i];
@@ -123,8 +145,30 @@ static void gemv16(float *restrict y, const float *restrict x, const half_t *res
     }
 }
 
+/* gemv with int8 weights and one float scale per output: y = b + scale * (x q), a quarter of float32's bytes */
+static void gemv8(float *restrict y, const float *restrict x, const int8_t *restrict w, const float *restrict scale,
+                  const float *restrict b, int n_in, int n_out) {
+    memset(y, 0, sizeof(float) * (size_t)n_out);
+    int i = 0;
+#if defined(__AVX512F__)
+    ROWS4_AVX512(int8_t, LOAD_I8)
+#endif
+    for (; i < n_in; i++) {
+        const float a = x[i];
+        const int8_t *restrict w0 = w + (size_t)i * n_out;
+        for (int o = 0; o < n_out; o++) y[o] += a * (float)w0[o];
+    }
+    for (int o = 0; o < n_out; o++) y[o] = b[o] + scale[o] * y[o];
+}
+
 /* each group's slice x[g] (n_in) -> y[g] (n_out) */
 static void group_linear(const GroupLinear *m, const float *x, float *y) {
+    if (m->q) {
+        for (int g = 0; g < m->groups; g++)
+            gemv8(y + (size_t)g * m->n_out, x + (size_t)g * m->n_in, m->q + (size_t)g * m->n_in * m->n_out,
+                  m->scale + (size_t)g * m->n_out, m->b + (size_t)g * m->n_out, m->n_in, m->n_out);
+        return;
+    }
     if (m->h) {
         for (int g = 0; g < m->groups; g++)
             gemv16(y + (size_t)g * m->n_out, x + (size_t)g * m->n_in, m->h + (size_t)g * m->n_in * m->n_out,
@@ -192,6 +236,66 @@ static void softmax(float *x, int n) {
     for (i = 0; i < n; i++) x[i] *= inv;
 }
 
+/* Attention over float16 rings (float16 and int8 modes: half the bytes of float32 rings per frame), float32 maths.
+ * score[t] = q . K[:, t] for the n past frames of a transposed key ring K [Dh][C]: 16 frames per register. */
+static void scores16(float *restrict score, const float *restrict q, const half_t *restrict K, int Dh, int C,
+                     int n) {
+    int t = 0;
+#if defined(__AVX512F__)
+    for (; t + 16 <= n; t += 16) {
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+        int i = 0;
+        for (; i + 2 <= Dh; i += 2) { /* two chains of dependent adds */
+            const __m256i k0 = _mm256_loadu_si256((const __m256i *)(K + (size_t)i * C + t));
+            const __m256i k1 = _mm256_loadu_si256((const __m256i *)(K + (size_t)(i + 1) * C + t));
+            acc0 = _mm512_fmadd_ps(_mm512_set1_ps(q[i]), _mm512_cvtph_ps(k0), acc0);
+            acc1 = _mm512_fmadd_ps(_mm512_set1_ps(q[i + 1]), _mm512_cvtph_ps(k1), acc1);
+        }
+        for (; i < Dh; i++) {
+            const __m256i k0 = _mm256_loadu_si256((const __m256i *)(K + (size_t)i * C + t));
+            acc0 = _mm512_fmadd_ps(_mm512_set1_ps(q[i]), _mm512_cvtph_ps(k0), acc0);
+        }
+        _mm512_storeu_ps(score + t, _mm512_add_ps(acc0, acc1));
+    }
+#endif
+    for (; t < n; t++) {
+        float acc = 0.0f;
+        for (int i = 0; i < Dh; i++) acc += q[i] * (float)K[(size_t)i * C + t];
+        score[t] = acc;
+    }
+}
+
+/* y[Dh] += sum over the n past frames of p[t] V[t] for a value ring V [C][Dh] in float16 */
+static void mix16(float *restrict y, const float *restrict p, const half_t *restrict V, int Dh, int n) {
+    int i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= Dh; i += 16) {
+        __m512 a0 = _mm512_loadu_ps(y + i), a1 = _mm512_setzero_ps();
+        __m512 a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+        int t = 0;
+        for (; t + 4 <= n; t += 4) { /* four frames per pass, four chains */
+            const half_t *v = V + (size_t)t * Dh + i;
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[t]), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)v)), a0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(p[t + 1]),
+                                 _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + Dh))), a1);
+            a2 = _mm512_fmadd_ps(_mm512_set1_ps(p[t + 2]),
+                                 _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 2 * Dh))), a2);
+            a3 = _mm512_fmadd_ps(_mm512_set1_ps(p[t + 3]),
+                                 _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 3 * Dh))), a3);
+        }
+        for (; t < n; t++)
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[t]),
+                                 _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(V + (size_t)t * Dh + i))), a0);
+        _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    }
+#endif
+    for (; i < Dh; i++) {
+        float acc = y[i];
+        for (int t = 0; t < n; t++) acc += p[t] * (float)V[(size_t)t * Dh + i];
+        y[i] = acc;
+    }
+}
+
 /* the next n floats of the weights (base NULL: sizing only, no pointers made) */
 static const float *take(const float **base, int64_t n, int64_t *total) {
     const float *p = *base ? *base + *total : NULL;
@@ -216,12 +320,77 @@ static Norm take_norm(const float **cur, int64_t *total, int n) {
     return nm;
 }
 
+void tim_model_free(void *mp);
+
+/* float16 or int8 mode: every matrix converted once into m->reduced (int8: symmetric, one scale per output column
+ * of each group, the largest |W| of the column mapped to 127). Returns 0 when out of memory. */
+static int reduce_weights(Model *m) {
+    GroupLinear *all[MAX_CONV + 6 * MAX_LAYERS + 1];
+    int n_all = 0;
+    for (int i = 0; i < m->n_conv; i++) all[n_all++] = &m->conv[i];
+    for (int j = 0; j < m->n_layers; j++) {
+        Block *b = &m->blocks[j];
+        GroupLinear *own[6] = {&b->qkv, &b->o, &b->inter_qkv, &b->inter_o, &b->ffn_in, &b->ffn_out};
+        for (int k = 0; k < 6; k++)
+            if (own[k]->w) all[n_all++] = own[k];
+    }
+    all[n_all++] = &m->head;
+    int64_t size = 0, scales = 0;
+    for (int k = 0; k < n_all; k++) {
+        size += (int64_t)all[k]->groups * all[k]->n_in * all[k]->n_out;
+        scales += (int64_t)all[k]->groups * all[k]->n_out;
+    }
+    const int64_t per = m->precision == 1 ? 2 : 1; /* bytes per matrix element */
+    m->weight_bytes = 4 * (m->weight_floats - size) + per * size + (m->precision == 2 ? 4 * scales : 0);
+    if (m->precision == 1) {
+        half_t *dst = malloc(sizeof(half_t) * (size_t)size);
+        if (!dst) return 0;
+        m->reduced = dst;
+        for (int k = 0; k < n_all; k++) {
+            const int64_t n = (int64_t)all[k]->groups * all[k]->n_in * all[k]->n_out;
+            for (int64_t e = 0; e < n; e++) dst[e] = (half_t)all[k]->w[e];
+            all[k]->h = dst;
+            dst += n;
+        }
+        return 1;
+    }
+    float *scale = malloc(sizeof(float) * (size_t)scales + (size_t)size); /* the scales, then the int8 values */
+    if (!scale) return 0;
+    m->reduced = scale;
+    int8_t *dst = (int8_t *)(scale + scales);
+    for (int k = 0; k < n_all; k++) {
+        GroupLinear *l = all[k];
+        l->q = dst;
+        l->scale = scale;
+        for (int g = 0; g < l->groups; g++) {
+            const float *w = l->w + (size_t)g * l->n_in * l->n_out;
+            int8_t *q = dst + (size_t)g * l->n_in * l->n_out;
+            float *sc = scale + (size_t)g * l->n_out;
+            for (int o = 0; o < l->n_out; o++) {
+                float mx = 0.0f;
+                for (int i = 0; i < l->n_in; i++) mx = fabsf(w[(size_t)i * l->n_out + o]) > mx ? fabsf(w[(size_t)i * l->n_out + o]) : mx;
+                sc[o] = mx > 0.0f ? mx / 127.0f : 1.0f;
+                const float inv = 1.0f / sc[o];
+                for (int i = 0; i < l->n_in; i++) {
+                    const float v = nearbyintf(w[(size_t)i * l->n_out + o] * inv);
+                    q[(size_t)i * l->n_out + o] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+                }
+            }
+        }
+        dst += (int64_t)l->groups * l->n_in * l->n_out;
+        scale += (int64_t)l->groups * l->n_out;
+    }
+    return 1;
+}
+
 /* Config ints: n_bins, n_conv, kernel, C_out[n_conv], d, n_layers, context, residual, then per block
  * CFG_LAYER ints: tim, groups, heads, d_ff (summed over groups), competition, inter_heads, inter_dim, 0.
- * Floats: conv slope, LayerNorm eps, then one LeakyReLU slope per block. weights: NULL to size only (the
- * sizes are then read with tim_sizes). half: keep the matrices in float16 (a copy; not the float32 result). All
+ * Floats: conv slope, LayerNorm eps, one LeakyReLU slope per block, then the STFT window [2 (n_bins - 1)] (the
+ * floats are read, not copied: they must outlive the model). weights: NULL to size only (the
+ * sizes are then read with tim_sizes). precision: 0 float32; 1 the matrices in float16, 2 in int8 (a converted copy,
+ * close to but not the float32 result), in both the key/value rings in float16. All
  * competition blocks have the same number of groups. Returns NULL on a config this file does not cover. */
-void *tim_model_new(const int32_t *ci, const float *cf, const float *weights, int half) {
+void *tim_model_new(const int32_t *ci, const float *cf, const float *weights, int precision) {
     Model *m = calloc(1, sizeof(Model));
     if (!m) return NULL;
     int p = 0;
@@ -231,6 +400,9 @@ void *tim_model_new(const int32_t *ci, const float *cf, const float *weights, in
     if (m->n_conv < 1 || m->n_conv > MAX_CONV || m->kernel != 3) goto fail;
     const float *cur = weights;
     int64_t total = 0, state = 0;
+    if (precision < 0 || precision > 2) goto fail;
+    m->precision = precision;
+    m->half_rings = precision != 0;
     m->conv_slope = cf[0];
     m->eps = cf[1];
     for (int i = 0; i < m->n_conv; i++) {
@@ -277,9 +449,11 @@ void *tim_model_new(const int32_t *ci, const float *cf, const float *weights, in
         b->ffn_in = take_linear(&cur, &total, G, dm, b->d_ff / G);
         b->ffn_out = take_linear(&cur, &total, G, b->d_ff / G, dm);
         b->norm_ffn = take_norm(&cur, &total, d);
+        /* a ring of context x d values: floats, or float16 (rounded up to whole floats) */
+        const int64_t ring = m->half_rings ? ((int64_t)m->context * d + 1) / 2 : (int64_t)m->context * d;
         b->k_off = state;
-        b->v_off = state + (int64_t)m->context * d;
-        state += 2 * (int64_t)m->context * d;
+        b->v_off = state + ring;
+        state += 2 * ring;
         if (b->competition) {
             m->n_maps++;
             m->map_groups = G;
@@ -292,45 +466,50 @@ void *tim_model_new(const int32_t *ci, const float *cf, const float *weights, in
     }
     m->head = take_linear(&cur, &total, 1, m->d, m->n_bins);
     m->state_floats = state;
-    m->work_floats = (int64_t)m->d + m->n_bins + (pre > work ? pre : work);
+    m->step_work = (int64_t)m->d + m->n_bins + (pre > work ? pre : work);
     m->weight_floats = total;
-    if (half && weights) {
-        GroupLinear *all[MAX_CONV + 6 * MAX_LAYERS + 1];
-        int n_all = 0;
-        for (int i = 0; i < m->n_conv; i++) all[n_all++] = &m->conv[i];
-        for (int j = 0; j < m->n_layers; j++) {
-            Block *b = &m->blocks[j];
-            GroupLinear *own[6] = {&b->qkv, &b->o, &b->inter_qkv, &b->inter_o, &b->ffn_in, &b->ffn_out};
-            for (int k = 0; k < 6; k++)
-                if (own[k]->w) all[n_all++] = own[k];
-        }
-        all[n_all++] = &m->head;
-        int64_t size = 0;
-        for (int k = 0; k < n_all; k++) size += (int64_t)all[k]->groups * all[k]->n_in * all[k]->n_out;
-        m->half = malloc(sizeof(half_t) * (size_t)size);
-        if (!m->half) goto fail;
-        half_t *dst = m->half;
-        for (int k = 0; k < n_all; k++) {
-            const int64_t n = (int64_t)all[k]->groups * all[k]->n_in * all[k]->n_out;
-            for (int64_t e = 0; e < n; e++) dst[e] = (half_t)all[k]->w[e];
-            all[k]->h = dst;
-            dst += n;
-        }
+    m->weight_bytes = 4 * total;
+    m->n_fft = 2 * (m->n_bins - 1);
+    m->hop = m->n_fft / 2;
+    m->window = cf + 2 + m->n_layers;
+    if (m->n_fft < 4 || (m->n_fft & (m->n_fft - 1))) goto fail; /* the radix-2 FFT */
+    /* tim_frames' work after the step's: the FFT's doubles (aligned), a frame, features, a spectrum, an output */
+    m->work_floats = ((m->step_work + 1) & ~(int64_t)1) + 4 * (int64_t)m->n_fft + m->n_fft + 4 * (int64_t)m->n_bins;
+    m->tw_re = malloc(sizeof(double) * (size_t)m->n_fft);
+    m->rev = malloc(sizeof(int) * (size_t)m->n_fft);
+    if (!m->tw_re || !m->rev) goto fail;
+    m->tw_im = m->tw_re + m->n_fft / 2;
+    for (int k = 0; k < m->n_fft / 2; k++) {
+        const double a = 2.0 * 3.14159265358979323846 * k / m->n_fft;
+        m->tw_re[k] = cos(a);
+        m->tw_im[k] = -sin(a);
     }
+    int bits = 0;
+    while ((1 << bits) < m->n_fft) bits++;
+    for (int i = 0; i < m->n_fft; i++) {
+        int r = 0;
+        for (int b = 0; b < bits; b++) r |= ((i >> b) & 1) << (bits - 1 - b);
+        m->rev[i] = r;
+    }
+    if (precision && weights && !reduce_weights(m)) goto fail;
     return m;
 fail:
-    free(m);
+    tim_model_free(m);
     return NULL;
 }
 
 void tim_model_free(void *mp) {
     Model *m = mp;
-    if (m) free(m->half);
+    if (m) {
+        free(m->reduced);
+        free(m->tw_re);
+        free(m->rev);
+    }
     free(m);
 }
 
-/* sizes: the weight array, one channel's state, one call's work space (floats); competition maps per frame and
- * groups per map */
+/* sizes: the weight array, one channel's state, one call's work space (floats); competition maps per frame,
+ * groups per map; the bytes of weights the step reads per frame (the matrices in their precision) */
 void tim_sizes(const void *mp, int64_t *out) {
     const Model *m = mp;
     out[0] = m->weight_floats;
@@ -338,6 +517,7 @@ void tim_sizes(const void *mp, int64_t *out) {
     out[2] = m->work_floats;
     out[3] = m->n_maps;
     out[4] = m->map_groups;
+    out[5] = m->weight_bytes;
 }
 
 /* one block on the hidden state h [d] of frame `done` (frames before it sit in the rings), in place */
@@ -366,18 +546,31 @@ static void block_step(const Model *m, const Block *b, float *h, float *state, i
         const float *q0 = qkv + (size_t)g * row + s + off, *kn = q0 + dm, *vn = q0 + 2 * dm;
         float q[256];
         for (int i = 0; i < Dh; i++) q[i] = q0[i] * scale;
+        float *y = att + (size_t)hh * Dh;
+        if (m->half_rings) {
+            half_t *Kh = (half_t *)K + (size_t)hh * C * Dh, *Vh = (half_t *)V + (size_t)hh * C * Dh;
+            scores16(score, q, Kh, Dh, C, n_past);
+            float acc = 0.0f;
+            for (int i = 0; i < Dh; i++) acc += q[i] * kn[i];
+            score[n_past] = acc;
+            softmax(score, n_past + 1);
+            for (int i = 0; i < Dh; i++) y[i] = score[n_past] * vn[i];
+            mix16(y, score, Vh, Dh, n_past);
+            for (int i = 0; i < Dh; i++) Kh[(size_t)i * C + slot] = (half_t)kn[i];
+            for (int i = 0; i < Dh; i++) Vh[(size_t)slot * Dh + i] = (half_t)vn[i];
+            continue;
+        }
         float *Kh = K + (size_t)hh * C * Dh, *Vh = V + (size_t)hh * C * Dh;
         for (int t = 0; t < n_past; t++) score[t] = 0.0f;
         for (int i = 0; i < Dh; i++) { /* keys are stored transposed [Dh][C]: the loop over frames vectorises */
-            const float a = q[i], *restrict row = Kh + (size_t)i * C;
+            const float a = q[i], *restrict krow = Kh + (size_t)i * C;
             float *restrict sc = score;
-            for (int t = 0; t < n_past; t++) sc[t] += a * row[t];
+            for (int t = 0; t < n_past; t++) sc[t] += a * krow[t];
         }
         float acc = 0.0f;
         for (int i = 0; i < Dh; i++) acc += q[i] * kn[i];
         score[n_past] = acc;
         softmax(score, n_past + 1);
-        float *y = att + (size_t)hh * Dh;
         for (int i = 0; i < Dh; i++) y[i] = score[n_past] * vn[i];
         int t = 0;
         for (; t + 4 <= n_past; t += 4) { /* four frames per pass: a quarter of the dependent adds into y */
@@ -492,6 +685,108 @@ int tim_step(const void *mp, float *state, int64_t *counters, float *work, const
         }
         counters[1] = done + 1;
         produced++;
+    }
+    return produced;
+}
+
+/* ---- The signal path around the step (tim_frames): the same framing as enhance/stft.py ---- */
+
+/* in-place radix-2 FFT of m->n_fft complex doubles; inverse: conjugated twiddles, not scaled by 1 / n */
+static void fft(const Model *m, double *re, double *im, int inverse) {
+    const int n = m->n_fft;
+    for (int i = 0; i < n; i++) {
+        const int j = m->rev[i];
+        if (j > i) {
+            double t = re[i];
+            re[i] = re[j];
+            re[j] = t;
+            t = im[i];
+            im[i] = im[j];
+            im[j] = t;
+        }
+    }
+    for (int len = 2; len <= n; len <<= 1) {
+        const int half = len >> 1, stride = n / len;
+        for (int i = 0; i < n; i += len)
+            for (int k = 0; k < half; k++) {
+                const double wr = m->tw_re[k * stride], wi = inverse ? -m->tw_im[k * stride] : m->tw_im[k * stride];
+                const int a = i + k, b = a + half;
+                const double xr = re[b] * wr - im[b] * wi, xi = re[b] * wi + im[b] * wr;
+                re[b] = re[a] - xr;
+                im[b] = im[a] - xi;
+                re[a] += xr;
+                im[a] += xi;
+            }
+    }
+}
+
+/* one frame x[n_fft] -> its spectrum spec [F][2] (as numpy's complex64) and features log1p |X| [F] */
+static void analyse(const Model *m, const float *x, float *spec, float *feats, double *re, double *im) {
+    const int n = m->n_fft;
+    for (int i = 0; i < n; i++) {
+        re[i] = (double)(x[i] * m->window[i]); /* the float32 product, as torch.stft windows the frame */
+        im[i] = 0.0;
+    }
+    fft(m, re, im, 0);
+    for (int f = 0; f < m->n_bins; f++) {
+        const float sr = (float)re[f], si = (float)im[f];
+        spec[2 * f] = sr;
+        spec[2 * f + 1] = si;
+        feats[f] = (float)log1p(sqrt((double)sr * sr + (double)si * si));
+    }
+}
+
+/* a log1p magnitude [F] with the noisy spectrum's phase (spec [F][2]; a zero bin has phase 0) -> the windowed
+ * time frame [n_fft] (inverse real FFT: the imaginary parts of bins 0 and n_fft / 2 are ignored) */
+static void synthesise(const Model *m, const float *log_mag, const float *spec, float *frame, double *re,
+                       double *im) {
+    const int n = m->n_fft, F = m->n_bins;
+    for (int f = 0; f < F; f++) {
+        const double mag = expm1(log_mag[f] > 0.0f ? (double)log_mag[f] : 0.0);
+        const double sr = spec[2 * f], si = spec[2 * f + 1], a = sqrt(sr * sr + si * si);
+        re[f] = a > 0.0 ? mag * sr / a : mag;
+        im[f] = a > 0.0 ? mag * si / a : 0.0;
+    }
+    im[0] = 0.0;
+    im[F - 1] = 0.0;
+    for (int f = 1; f < F - 1; f++) {
+        re[n - f] = re[f];
+        im[n - f] = -im[f];
+    }
+    fft(m, re, im, 1);
+    for (int i = 0; i < n; i++) frame[i] = (float)(re[i] / n) * m->window[i];
+}
+
+/* The whole per-frame path of a stream for n new frames: frame t is samples[t hop .. t hop + n_fft) (the
+ * engine's framing); each is analysed, goes through the step (tim_step), and each output frame is rebuilt with
+ * its noisy phase and overlap-added. final: the stream's end (the zero lookahead frame after the last one).
+ * pending [F][2]: the spectrum of the frame waiting for its output (the lookahead; read and written), tail
+ * [n_fft - hop]: the overlap-add tail (read and written). Writes hop final samples per output frame into out
+ * [m][hop] and, with maps, their competition scores [m][n_maps][G]; returns m. */
+int tim_frames(const void *mp, float *state, int64_t *counters, float *work, const float *samples, int n,
+               int final, float min_gain, float *pending, float *tail, float *out, float *maps) {
+    const Model *m = mp;
+    const int F = m->n_bins, N = m->n_fft, hop = m->hop, ov = N - hop;
+    double *re = (double *)(work + ((m->step_work + 1) & ~(int64_t)1)), *im = re + N;
+    float *frame = (float *)(im + N), *feats = frame + N, *log_mag = feats + F, *spec = log_mag + F;
+    int produced = 0;
+    for (int t = 0; t <= n; t++) {
+        if (t == n) {
+            if (!final || !counters[0]) break;
+            memset(feats, 0, sizeof(float) * (size_t)F);
+        } else {
+            analyse(m, samples + (size_t)t * hop, spec, feats, re, im);
+        }
+        float *mp_out = maps ? maps + (size_t)produced * m->n_maps * m->map_groups : NULL;
+        if (tim_step(mp, state, counters, work, feats, 1, min_gain, log_mag, mp_out)) {
+            synthesise(m, log_mag, pending, frame, re, im);
+            float *o = out + (size_t)produced * hop;
+            for (int i = 0; i < hop; i++) o[i] = tail[i] + frame[i];
+            for (int i = 0; i < ov - hop; i++) tail[i] = tail[hop + i] + frame[hop + i];
+            for (int i = ov - hop; i < ov; i++) tail[i] = frame[hop + i];
+            produced++;
+        }
+        if (t < n) memcpy(pending, spec, sizeof(float) * 2 * (size_t)F);
     }
     return produced;
 }

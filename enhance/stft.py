@@ -113,9 +113,12 @@ def istft(spec: torch.Tensor, cfg: STFTConfig, length: int) -> torch.Tensor:
 
 
 def apply_magnitude(log_mag: torch.Tensor, noisy_spec: torch.Tensor) -> torch.Tensor:
-    """Complex spectrum with the predicted ``log1p`` magnitude and the noisy phase."""
+    """Complex spectrum with the predicted ``log1p`` magnitude and the noisy phase; a zero bin (digital silence)
+    has phase 0. (``+ 0.0`` turns the -0.0 real parts that ``torch.stft`` gives some bins of a zero frame into
+    +0.0, whose angle is 0 rather than pi: the phase of silence is then defined, not the FFT's sign of zero, and
+    the C signal path (enhance/native_step.c) gives the same samples.)"""
     mag = torch.expm1(log_mag.clamp(min=0.0))
-    return mag * torch.polar(torch.ones_like(mag), noisy_spec.angle())
+    return mag * torch.polar(torch.ones_like(mag), (noisy_spec + 0.0).angle())
 
 
 def log_magnitude(spec: torch.Tensor) -> torch.Tensor:

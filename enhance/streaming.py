@@ -33,8 +33,9 @@ class StreamState:
 
     channels: int
     buffer: np.ndarray  # [C, < win] input not yet consumed, padded coordinates from frame `frames_in`'s start
-    spectra: torch.Tensor | None = None  # [C, <= lookahead, F] noisy spectra waiting for their output frame
-    model: Any = None  # the backend's state: EnhancerState (PyTorch) or FixedState
+    # [C, <= lookahead, F] noisy spectra waiting for their output frame (the C path: [C, F] complex64, one slot)
+    spectra: torch.Tensor | np.ndarray | None = None
+    model: Any = None  # the backend's state: EnhancerState (PyTorch), FixedState or NativeState
     tail: np.ndarray | None = None  # [C, win - hop] overlap-add tail of the last output frame
     received: int = 0  # input samples received
     emitted: int = 0  # output samples returned
@@ -48,14 +49,17 @@ class StreamingEnhancer:
         """``backend``: None runs ``model.step`` (PyTorch); :class:`enhance.fixed_step.TracedStepper` (TorchScript)
         or :class:`enhance.onnx_backend.OnnxStepper` (onnxruntime) run the fixed-shape step, and
         :class:`enhance.native_backend.NativeStepper` the step in C, faster on a CPU (:mod:`enhance.backends`
-        chooses). All give the same samples, but for an int8 OnnxStepper (``onnxruntime-int8``) and a float16
-        NativeStepper (``native-fp16``), which are close to them."""
+        chooses). All give the same samples, but for an int8 OnnxStepper (``onnxruntime-int8``) and a float16 or
+        int8 NativeStepper (``native-fp16``, ``native-int8``), which are close to them. A backend with ``run_frames`` (NativeStepper)
+        also does the analysis, synthesis and overlap-add of each frame (in C), the rest runs them here with
+        :mod:`enhance.stft` (PyTorch, on the model's device and dtype)."""
         self.model, self.with_competition = model.eval(), with_competition
         self.backend = backend if backend is not None else model
         self.cfg = model.cfg.stft
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.channels = channels
+        self._run_frames = getattr(self.backend, "run_frames", None)
         self.state = self._new_state()
         # competition scores of the frames output by the last process()/flush() call: per TIM layer [C, m, n_s]
         self.last_competition: list[np.ndarray] = []
@@ -66,6 +70,7 @@ class StreamingEnhancer:
         return StreamState(
             self.channels,
             buffer=np.zeros((self.channels, ov), np.float32),  # the leading zeros of the offline framing
+            spectra=np.zeros((self.channels, self.cfg.n_bins), np.complex64) if self._run_frames else None,
             model=self.backend.new_state(self.channels),
             tail=np.zeros((self.channels, ov), np.float32),
         )
@@ -123,6 +128,11 @@ class StreamingEnhancer:
         n_new = (st.buffer.shape[1] - win) // hop + 1 if st.buffer.shape[1] >= win else 0
         if max_frames is not None:
             n_new = min(n_new, max_frames - st.frames_in)
+        if n_new == 0 and not final:
+            self.last_competition = []
+            return np.zeros((st.channels, 0), np.float32)
+        if self._run_frames is not None:
+            return self._advance_in_backend(n_new, final)
         if n_new > 0:
             seg = torch.from_numpy(np.ascontiguousarray(st.buffer[:, : (n_new - 1) * hop + win]))
             spec = analysis_frames(seg.to(self.device, self.dtype), self.cfg)  # [C, n_new, F]
@@ -131,21 +141,14 @@ class StreamingEnhancer:
         else:
             cdtype = torch.promote_types(self.dtype, torch.complex64)
             spec = torch.zeros(st.channels, 0, self.cfg.n_bins, dtype=cdtype, device=self.device)
-        if n_new == 0 and not final:
-            self.last_competition = []
-            return np.zeros((st.channels, 0), np.float32)
         out, st.model = self.backend.step(log_magnitude(spec), st.model, final, self.with_competition)
         out.log_mag = out.log_mag.to(self.device, self.dtype)
+        assert not isinstance(st.spectra, np.ndarray)  # the torch path's spectra
         spectra = spec if st.spectra is None else torch.cat([st.spectra, spec], dim=1)
         m = out.log_mag.shape[1]
         first_frame = st.model.frames_out - m
         st.spectra = spectra[:, m:]
-        self.last_competition = [c.float().cpu().numpy() for c in (out.competition or [])]
-        if self.with_competition and self.last_competition:
-            if not self._maps:
-                self._maps = [[] for _ in self.last_competition]
-            for store, c in zip(self._maps, self.last_competition, strict=True):
-                store.append(c)
+        self._keep_competition([c.float().cpu().numpy() for c in (out.competition or [])])
         if m == 0:
             return np.zeros((st.channels, 0), np.float32)
         frames = synthesis_frames(apply_magnitude(out.log_mag, spectra[:, :m]), self.cfg)
@@ -153,6 +156,34 @@ class StreamingEnhancer:
         assert st.tail is not None
         wav[:, :ov] += st.tail
         st.tail = wav[:, m * hop : m * hop + ov].copy()
+        return self._emit(wav, first_frame, m)
+
+    def _advance_in_backend(self, n_new: int, final: bool) -> np.ndarray:
+        """:meth:`_advance` with the backend's ``run_frames`` (analysis, step, synthesis, overlap-add in one call)."""
+        st, hop = self.state, self.cfg.hop_length
+        seg = st.buffer[:, : (n_new - 1) * hop + self.cfg.win_length] if n_new > 0 else st.buffer[:, :0]
+        assert isinstance(st.spectra, np.ndarray) and st.tail is not None and self._run_frames is not None
+        wav, maps = self._run_frames(seg, n_new, final, st.model, st.spectra, st.tail, self.with_competition)
+        if n_new > 0:
+            st.buffer = st.buffer[:, n_new * hop :]
+            st.frames_in += n_new
+        self._keep_competition(maps)
+        m = wav.shape[1] // hop
+        return self._emit(wav, st.model.frames_out - m, m) if m else np.zeros((st.channels, 0), np.float32)
+
+    def _keep_competition(self, maps: list[np.ndarray]) -> None:
+        self.last_competition = maps
+        if self.with_competition and maps:
+            if not self._maps:
+                self._maps = [[] for _ in maps]
+            for store, c in zip(self._maps, maps, strict=True):
+                store.append(c)
+
+    def _emit(self, wav: np.ndarray, first_frame: int, m: int) -> np.ndarray:
+        """The samples of ``wav`` (padded coordinates from ``first_frame * hop``; its first ``m * hop`` are final)
+        that are the stream's and not yet returned."""
+        st, hop = self.state, self.cfg.hop_length
+        ov = self.cfg.win_length - hop
         # padded samples [first*hop, (first+m)*hop) are final; input coordinates are padded - ov
         start_in, stop_in = first_frame * hop - ov, min((first_frame + m) * hop - ov, st.received)
         lo = max(st.emitted, start_in, 0)

@@ -56,3 +56,43 @@ def test_bench_int8_end_to_end(tmp_path: Path) -> None:
         [*cmd, "--pairs", str(empty)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )
     assert bad.returncode == 2 and "bench_int8:" in bad.stderr
+
+
+@pytest.mark.parametrize("backend", ["native-int8", "native-fp16"])
+def test_bench_int8_native_backends(tmp_path: Path, backend: str) -> None:
+    """The C step's reduced precisions against its float32 (no onnxruntime needed; a C compiler is)."""
+    pairs = dev_pairs(tmp_path / "pairs", [speech_like(1.5, seed=s) for s in (1, 2)], noise_std=0.02, seed=0)
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(SCRIPT), "--backend", backend, "--no-dnsmos", "--calls", "5", "--seconds", "1"]
+    done = subprocess.run(
+        [*cmd, "--out", str(out), "--pairs", str(pairs)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    reduced = "int8" if backend == "native-int8" else "float16"
+    with (out / "speed.csv").open(newline="") as f:
+        speed = list(csv.DictReader(f))
+    assert [(r["what"], r["kind"]) for r in speed] == [
+        (what, kind)
+        for what in (
+            "step alone, 1 frame per call",
+            "step alone, 2 frames per call",
+            "streaming engine, 16 ms chunks",
+            "streaming engine, 32 ms chunks",
+        )
+        for kind in ("float32", reduced)
+    ]
+    assert all(math.isfinite(float(r["rtf"])) and float(r["rtf"]) > 0 for r in speed)
+    with (out / "per_file.csv").open(newline="") as f:
+        per_file = list(csv.DictReader(f))
+    assert sorted((r["name"], r["system"]) for r in per_file) == [
+        (n, k) for n in ("0000", "0001") for k in sorted(("float32", reduced))
+    ]
+    summary = (out / "summary.md").read_text()
+    assert f"{backend} against native (float32)" in summary
+    assert f"with {reduced} matrices" in summary and "signal to difference median" in summary

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from enhance.stft import STFTConfig, istft, log_magnitude, rebuild, sqrt_hann, stft
+from enhance.stft import STFTConfig, apply_magnitude, istft, log_magnitude, rebuild, sqrt_hann, stft
 
 CFG = STFTConfig()
 
@@ -47,3 +47,14 @@ def test_framing_is_causal_per_hop() -> None:
 def test_only_half_overlap_supported() -> None:
     with pytest.raises(ValueError):
         STFTConfig(hop_length=128)
+
+
+def test_a_zero_bin_has_phase_zero() -> None:
+    """torch.stft gives -0.0 real parts in some bins of a zero frame (angle pi); the rebuilt spectrum of silence
+    must not depend on the FFT's sign of zero (the C signal path, enhance/native_step.c, gives phase 0)."""
+    cfg = STFTConfig()
+    spec = stft(torch.zeros(1, 1024), cfg)
+    assert torch.signbit(spec.real).any()  # the case this guards against really occurs
+    out = apply_magnitude(torch.ones_like(spec.real), spec)
+    assert torch.equal(out.real, torch.full_like(out.real, torch.expm1(torch.tensor(1.0)).item()))
+    assert torch.equal(out.imag.abs(), torch.zeros_like(out.imag))
