@@ -21,7 +21,7 @@
   frame; float32 arithmetic): not the same samples, but close (about 80 dB signal to difference on the default
   model, against onnxruntime-int8's 36 dB; ``tests/test_native.py``). Chosen only by name.
 * ``native-int8``: the same with the weight matrices in int8, one float scale per output column (a quarter of
-  the bytes), the rings in float16: about 45 dB from the float32 samples; scores against them in
+  the bytes), the rings in float16: about 47 dB from the float32 samples; scores against them in
   ``bench/bench_int8.py``. Chosen only by name.
 * ``auto``: ``torchscript`` when the model can run it (float32, on the CPU, a bounded attention context and the
   one-frame lookahead the fixed step is written for), else ``pytorch``.

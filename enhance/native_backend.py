@@ -69,6 +69,9 @@ def native_unsupported(model: Enhancer) -> str | None:
         return "the native step has no SDU or MAE blocks"
     if cfg.pre_encoder.kernel_size != 3:
         return "the native step is written for kernel 3"
+    n_fft = cfg.stft.n_fft
+    if n_fft < 4 or n_fft & (n_fft - 1):
+        return f"the native signal path's FFT needs a power-of-two n_fft (not {n_fft})"
     if len(cfg.pre_encoder.channels) > 8 or len(model.layers) > 64:
         return "the native step takes at most 8 convolutions and 64 blocks"
     for layer in model.layers:
@@ -251,7 +254,7 @@ class NativeStepper:
         """``weights``: the weight matrices in ``float32`` (``native``: the PyTorch numbers), ``float16``
         (``native-fp16``: half the bytes to read per frame) or ``int8`` (``native-int8``: a quarter; one float
         scale per output column). The reduced two are close to but not the float32 numbers (signal to difference
-        on the bundled model: about 80 dB and 45 dB, ``tests/test_native.py``; scores:
+        on the bundled model: about 80 dB and 47 dB, ``tests/test_native.py``; scores:
         ``bench/bench_int8.py``) and also keep the key/value rings in float16. The arithmetic is float32 in all."""
         if weights not in PRECISIONS:
             raise ValueError(f"weights must be one of {', '.join(PRECISIONS)}, not {weights!r}")
@@ -293,6 +296,19 @@ class NativeStepper:
             np.zeros(self.work_floats, np.float32),
         )
 
+    def _check_state(self, state: NativeState, batch: int) -> None:
+        """The C step writes into these arrays: a state of another stepper (another precision's rings) would be
+        written past its end."""
+        if (
+            state.floats.shape != (batch, self.state_floats)
+            or state.counters.shape != (batch, 2)
+            or state.work.size < self.work_floats
+            or state.floats.dtype != np.float32
+            or state.counters.dtype != np.int64
+            or not (state.floats.flags.c_contiguous and state.counters.flags.c_contiguous)
+        ):
+            raise ValueError(f"not a state of this stepper for {batch} channel(s) (make it with new_state)")
+
     def _min_gain(self) -> float:
         limit = self.model.cfg.max_attenuation_db
         return -1.0 if limit is None else float(np.float32(10.0 ** (-limit / 20.0)))
@@ -307,6 +323,7 @@ class NativeStepper:
         x = np.ascontiguousarray(feats.detach().to("cpu", torch.float32).numpy())
         batch, n = x.shape[0], x.shape[1]
         state = state or self.new_state(batch)
+        self._check_state(state, batch)
         started = bool(state.counters[0, 0]) if batch else False
         if final and (started or n):  # the end's zero padding (one frame: the lookahead)
             x = np.concatenate([x, np.zeros((batch, 1, self.n_bins), np.float32)], axis=1)
@@ -352,6 +369,7 @@ class NativeStepper:
         engine's state, updated in place. Returns the final samples [B, m * hop] of the m frames output and,
         with ``return_competition``, their competition scores per TIM layer [B, m, n_s]."""
         batch = samples.shape[0]
+        self._check_state(state, batch)
         x = np.ascontiguousarray(samples, np.float32)
         if n and x.shape[1] < (n - 1) * self.hop + self.win:
             raise ValueError(f"{n} frames need {(n - 1) * self.hop + self.win} samples, got {x.shape[1]}")

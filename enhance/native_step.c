@@ -368,8 +368,12 @@ static int reduce_weights(Model *m) {
             float *sc = scale + (size_t)g * l->n_out;
             for (int o = 0; o < l->n_out; o++) {
                 float mx = 0.0f;
-                for (int i = 0; i < l->n_in; i++) mx = fabsf(w[(size_t)i * l->n_out + o]) > mx ? fabsf(w[(size_t)i * l->n_out + o]) : mx;
-                sc[o] = mx > 0.0f ? mx / 127.0f : 1.0f;
+                for (int i = 0; i < l->n_in; i++) {
+                    const float a = fabsf(w[(size_t)i * l->n_out + o]);
+                    mx = a > mx ? a : mx;
+                }
+                sc[o] = mx / 127.0f;
+                if (!(sc[o] >= 1e-30f)) sc[o] = 1.0f; /* an all-zero (or tiny) column: its q are 0 (1 / sc finite) */
                 const float inv = 1.0f / sc[o];
                 for (int i = 0; i < l->n_in; i++) {
                     const float v = nearbyintf(w[(size_t)i * l->n_out + o] * inv);

@@ -18,8 +18,13 @@ from enhance.native_backend import NativeStepper, native_unsupported
 from enhance.offline import enhance_waveform
 from enhance.streaming import StreamingEnhancer
 from models import Enhancer, get_config, save_checkpoint
+from models.attention import AttentionConfig
+from models.encoder_layer import StandardLayerConfig
+from models.enhancer import EnhancerConfig
+from models.pre_encoder import PreEncoderConfig
 from models.pretrained import load_pretrained
 from models.registry import tiny_config
+from models.tim_layer import TIMLayerConfig
 from tests.conftest import ROOT
 from tests.test_streaming import _sizes, _stream
 
@@ -53,6 +58,69 @@ def test_native_backend_equals_pytorch(name: str, chunk, limit: float | None) ->
         for ours, theirs in zip(maps, ref.competition, strict=True):
             assert ours.shape == theirs.shape
             assert np.abs(ours - theirs).max() < 1e-5
+
+
+def _wide_heads() -> Enhancer:
+    """Heads of 16 units and a 37-frame context: the float16 attention's AVX-512 loops (16 frames / 16 units per
+    register) and their scalar tails both run, which the tiny models' 4-unit heads and 4-frame rings do not."""
+    torch.manual_seed(1)
+    attn = AttentionConfig(d_model=32, n_heads=2, context_frames=37)
+    tim = TIMLayerConfig(
+        attention=AttentionConfig(d_model=32, n_heads=2, n_groups=2, context_frames=37),
+        d_ff=32,
+        inter_heads=2,
+        inter_head_dim=4,
+    )
+    cfg = EnhancerConfig(
+        pre_encoder=PreEncoderConfig(channels=(32, 16, 16, 32)),
+        standard=StandardLayerConfig(attention=attn, d_ff=32),
+        tim=tim,
+        n_layers=3,
+        tim_blocks=(2,),
+        output="residual",
+    )
+    return Enhancer(cfg).eval()
+
+
+def test_reduced_precisions_with_16_unit_heads() -> None:
+    model = _wide_heads()
+    x = (np.random.default_rng(9).standard_normal((1, 16000)) * 0.1).astype(
+        np.float32
+    )  # 63 frames: rings wrap
+    ref = enhance_waveform(model, x).wav
+    for weights, at_least in (("float32", 110.0), ("float16", 60.0), ("int8", 30.0)):
+        y = _stream(
+            StreamingEnhancer(model, 1, backend=NativeStepper(model, weights=weights)), x, [256] * 63
+        )[0]
+        assert 10 * np.log10(np.sum(ref**2) / np.sum((y - ref) ** 2)) > at_least, weights
+
+
+@pytest.mark.parametrize("name", ["tiny-tim4", "wide-heads"])
+def test_bare_step_equals_the_model_for_any_split(name: str) -> None:
+    """NativeStepper.step (features in, log magnitudes out; the engine uses run_frames) against Enhancer.forward,
+    several frames per call, the end's zero frame, the competition maps."""
+    model = _wide_heads() if name == "wide-heads" else _tiny(name)
+    feats = torch.rand(2, 90, 257) * 3
+    with torch.no_grad():
+        ref = model(feats, return_competition=True)
+    assert ref.competition is not None
+    stepper = NativeStepper(model)
+    for sizes in ([1] * 90, [3] * 29 + [1], [40, 0, 7, 43]):
+        state, outs, maps, i = None, [], [], 0
+        for n in sizes:
+            out, state = stepper.step(feats[:, i : i + n], state, return_competition=True)
+            outs.append(out.log_mag)
+            maps.extend(out.competition or [])
+            i += n
+        out, state = stepper.step(feats[:, i:], state, final=True, return_competition=True)
+        outs.append(out.log_mag)
+        maps.extend(out.competition or [])
+        assert state is not None and state.frames_out == 90
+        assert (torch.cat(outs, 1) - ref.log_mag).abs().max() < 1e-5
+        assert (torch.cat(maps, 1) - ref.competition[0]).abs().max() < 1e-5
+    # a state of another precision (float16 rings: smaller) is refused, not written past its end
+    with pytest.raises(ValueError, match="not a state of this stepper"):
+        stepper.step(feats[:, :1], NativeStepper(model, weights="float16").new_state(2))
 
 
 def test_native_backend_reads_the_attenuation_limit_at_every_call() -> None:
