@@ -100,6 +100,10 @@ def _mixing(
         train_speech, val_speech = split_pool(speech, cfg.val_holdout, seed)
         train_noise, val_noise = split_pool(noise, cfg.val_holdout, seed)
         val = fixed_mixes(val_speech, val_noise, cfg.mixing, cfg.val_examples, seed)
+    # decoded once here (below 2 GiB each), shared by the loader's forked workers: examples then cost no
+    # decoding, which matters for compressed copies (recipes.compact_corpus) and fast GPUs
+    for pool in (train_speech, train_noise):
+        pool.preload()
     train = MixingDataset(train_speech, train_noise, cfg.mixing, seed)
     desc = (
         f"{len(train_speech)} speech files ({train_speech.total_seconds / 60:.1f} min), "

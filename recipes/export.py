@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import soundfile as sf
+import torch
 
 from enhance.audio_io import atomic_path
 from enhance.offline import enhance_waveform
@@ -169,11 +171,29 @@ def _curve(rows: list[dict[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _where(folder: Path | None) -> str:
+    """Where a run trained, from its ``env.json`` (``recipes.run_folder.environment``)."""
+    try:
+        env = json.loads((folder / "env.json").read_text()) if folder is not None else None
+    except (OSError, ValueError):
+        env = None
+    if not isinstance(env, dict) or "device" not in env:
+        return " (device not recorded in the run folder)"
+    if env["device"] == "cpu":
+        return ", on the CPU"
+    gpus = (env.get("cuda") or {}).get("devices") or []
+    return f", on {env['device']}" + (f" ({', '.join(gpus)})" if gpus else "")
+
+
 def _training(
-    train: dict[str, Any], data: dict[str, Any], rows: list[dict[str, str]], weights: str = "best.safetensors"
+    train: dict[str, Any],
+    data: dict[str, Any],
+    rows: list[dict[str, str]],
+    weights: str = "best.safetensors",
+    folder: Path | None = None,
 ) -> str:
-    """One run's training line: optimiser, loss, SNR range, epochs and, when ``weights`` is the run's
-    ``best.safetensors``, the epoch they are from (another file of the run is only named)."""
+    """One run's training line: optimiser, loss, SNR range, epochs, where it ran and, when ``weights`` is the
+    run's ``best.safetensors``, the epoch they are from (another file of the run is only named)."""
     best = min(rows, key=lambda r: float(r["val_loss"]))
     which = (
         f"these weights are from epoch {best['epoch']} (lowest validation loss, {float(best['val_loss']):.4f})"
@@ -181,32 +201,57 @@ def _training(
         else f"these weights are its file `{weights}`, not necessarily its best epoch (lowest validation loss:"
         f" epoch {best['epoch']}, {float(best['val_loss']):.4f})"
     )
+    mixing = data["mixing"]
+    passes = int(mixing.get("repeats", 1))
+    epoch = "one pass" if passes == 1 else f"{passes} passes"
     return (
         f"Adam lr {train['lr']}, batch {train['batch_size']}, lr x{train['lr_factor']} after {train['lr_patience']}"
-        f" epochs without validation improvement, seed {train['seed']}, SNR U{data['mixing']['snr_db']} dB, on the"
-        f" CPU.{_loss(train)}{_init(train)} **{len(rows)} epochs done of {train['epochs']} planned** (one epoch ="
-        f" one pass over the speech files in {data['mixing']['segment_seconds']:g}-s segments); {which}."
+        f" epochs without validation improvement, seed {train['seed']}, SNR U{mixing['snr_db']} dB"
+        f"{_where(folder)}.{_loss(train)}{_init(train)} **{len(rows)} epochs done of {train['epochs']} planned**"
+        f" (one epoch = {epoch} over the speech files in {mixing['segment_seconds']:g}-s segments); {which}."
     )
 
 
-def starting_weights(train: dict[str, Any]) -> str:
+def starting_weights(train: dict[str, Any], init_run: Path | None = None, depth: int = 0) -> str:
     """For a warm-started run: the card section on the run its weights came from (its training line and curve),
-    read from the folder of ``init_from`` when that folder is a run; "" otherwise."""
+    read from ``init_run`` or else the folder of ``init_from`` when that folder is a run, then the same for that
+    run's own starting weights (up to 5 runs back); "" for a run that started from scratch."""
     init = train.get("init_from")
-    if not init:
+    if not init or depth >= 5:
         return ""
-    folder = Path(init).parent
+    folder = init_run if init_run is not None else Path(init).parent
+    weights = "best.safetensors" if init_run is not None else Path(init).name
     try:
         cfg = json.loads((folder / "config.json").read_text())
         rows = read_csv(folder / "metrics.csv")
-        line = _training(cfg["train"], cfg["data"], rows, Path(init).name)
+        line = _training(cfg["train"], cfg["data"], rows, weights, folder)
     except (OSError, ValueError, KeyError, TypeError):  # no run folder, or not one this version can read
         return f"\n## Starting weights\n\n`{init}`: no readable run folder beside it at export time.\n"
-    return f"\n## Starting weights\n\n`{init}`, from the run `{folder}`: " + line + "\n\n" + _curve(rows)
+    origin = f" (exported from `{folder}/best.safetensors`)" if init_run is not None else ""
+    return (
+        f"\n## Starting weights\n\n`{init}`{origin}, from the run `{folder}`: "
+        + line
+        + "\n\n"
+        + _curve(rows)
+        + starting_weights(cfg["train"], None, depth + 1)
+    )
+
+
+def same_weights(a: str | Path, b: str | Path) -> bool:
+    """Whether two checkpoints hold the same tensors (their metadata may differ)."""
+    wa, wb = load_checkpoint(a).model.state_dict(), load_checkpoint(b).model.state_dict()
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def model_card(
-    name: str, ck: Any, run: Path, evaluation: dict[str, Any], command: str, rows: list[dict[str, str]]
+    name: str,
+    ck: Any,
+    run: Path,
+    evaluation: dict[str, Any],
+    command: str,
+    rows: list[dict[str, str]],
+    note: str = "",
+    init_run: Path | None = None,
 ) -> str:
     cfg = json.loads((run / "config.json").read_text())
     cfg_m = ck.model.cfg
@@ -226,7 +271,7 @@ def model_card(
   stated; internal R&D use), Hu nonspeech (research corpus), Speech Commands background (CC BY 4.0), SoundBible
   (per-clip terms), Tux Paint effects (GPL-2). See the corpus README for sources. **Because of the noise licences,
   treat these weights as internal R&D material, not for redistribution.**
-- **Training**: {_training(train, data, rows)}
+- **Training**: {_training(train, data, rows, folder=run)}{" " + note if note else ""}
 - **Validation / evaluation data**: the corpus' fixed dev pairs (`{evaluation["pairs_root"]}`; held-out LibriSpeech speakers and
   held-out noise files at 0-15 dB SNR). They were used to pick the epoch, so the numbers below are validation numbers,
   not a test-set result, and not comparable with VoiceBank-DEMAND or DNS Challenge results.
@@ -241,7 +286,7 @@ Files where a metric failed are counted in `n_failed`. Reproduce:
 
 """
         + _curve(rows)
-        + starting_weights(train)
+        + starting_weights(train, init_run)
     )
 
 
@@ -264,9 +309,26 @@ def main(argv: list[str] | None = None) -> int:
         f"{PESQ_TOLERANCE} of the best PESQ (default %(default)s)",
     )
     ap.add_argument("--sweep-pairs", type=int, default=20, help="dev pairs the sweep is scored on")
+    ap.add_argument(
+        "--note",
+        default="",
+        help="a sentence added to the card's training line (e.g. how the data was carried)",
+    )
+    ap.add_argument(
+        "--init-run",
+        type=Path,
+        help="the run folder whose best.safetensors the run's init_from file was exported from (a bundled model "
+        "has no run folder beside it); checked to hold the same weights",
+    )
     args = ap.parse_args(argv if argv is not None else sys.argv[1:])
     run = Path(args.run)
     ck = load_checkpoint(run / "best.safetensors")
+    if args.init_run is not None:
+        init = json.loads((run / "config.json").read_text())["train"].get("init_from")
+        if not init or not same_weights(init, args.init_run / "best.safetensors"):
+            ap.error(
+                f"--init-run: {args.init_run}/best.safetensors is not the run's starting weights ({init})"
+            )
     out = run / f"eval-{args.name}"
     pairs = discover_pairs(args.pairs).pairs
     sweep = ""
@@ -286,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     training = json.loads(json.dumps(training, default=float).replace("NaN", "null"))
     target = PRETRAINED_DIR / f"{args.name}.safetensors"
     save_checkpoint(target, ck.model, ck.name, training)
-    command = "python -m recipes.export " + " ".join(argv if argv is not None else sys.argv[1:])
-    card = model_card(args.name, ck, run, evaluation, command, rows) + sweep
+    command = "python -m recipes.export " + shlex.join(argv if argv is not None else sys.argv[1:])
+    card = model_card(args.name, ck, run, evaluation, command, rows, args.note, args.init_run) + sweep
     with atomic_path(PRETRAINED_DIR / f"{args.name}.md") as tmp:
         Path(tmp).write_text(card)
     if args.name == DEFAULT_MODEL:

@@ -29,8 +29,13 @@ class MixingConfig:
     sample_rate: int = 16000
     # random EQ of speech and noise, a second noise layered in (recipes.augment; off by default)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+    # passes over the speech segments per epoch, each with its own crop, noise and SNR draws: on a fast GPU and a
+    # small corpus one pass takes seconds, and per-epoch validation and loader start-up would dominate
+    repeats: int = 1
 
     def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         if not 0.0 <= self.pause_prob <= 1.0:
             raise ValueError(f"pause_prob must be in [0, 1], got {self.pause_prob}")
         if not 0.0 < self.pause_seconds[0] <= self.pause_seconds[1]:
@@ -70,11 +75,11 @@ class MixingDataset(torch.utils.data.Dataset):
         self.epoch = 0
 
     def __len__(self) -> int:
-        return len(self.index)
+        return len(self.index) * self.cfg.repeats
 
     def order(self, epoch: int) -> np.ndarray:
         """The shuffled example order of ``epoch``."""
-        return np.random.default_rng([self.seed, epoch, 0]).permutation(len(self.index))
+        return np.random.default_rng([self.seed, epoch, 0]).permutation(len(self))
 
     def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         epoch, i = key
@@ -95,7 +100,7 @@ class MixingDataset(torch.utils.data.Dataset):
 
     def _speech(self, i: int, rng: np.random.Generator) -> np.ndarray:
         n_seg = self.cfg.segment_samples
-        f, start = self.index[i]
+        f, start = self.index[i % len(self.index)]
         n = self.speech.frames[f]
         if n <= n_seg:  # short file: the whole file, at a random place in a zero segment
             out = np.zeros(n_seg, np.float32)

@@ -49,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run in --out with its saved config; only --device, --threads, --num-workers and "
-        "--epochs (to extend a finished run) may change",
+        help="continue the run in --out with its saved config; only --device, --threads, --num-workers, "
+        "--time-budget-minutes and --epochs (to extend a finished run) may change",
     )
     g = p.add_argument_group("overrides")
     g.add_argument("--model", help="model config name (transformer, tim-nocomp, tim, tim4, tiny, ...)")
@@ -69,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device")
     g.add_argument("--num-workers", type=int)
     g.add_argument("--threads", type=int)
+    g.add_argument(
+        "--time-budget-minutes",
+        type=float,
+        help="stop (resumably) when this many minutes of training are spent; a resumed run may change it",
+    )
     g.add_argument("--max-steps-per-epoch", type=int)
     g.add_argument("--segment-seconds", type=float)
     g.add_argument("--init-from", help="start from this checkpoint's weights (fresh optimizer)")
@@ -103,6 +108,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
             "device": args.device,
             "num_workers": args.num_workers,
             "threads": args.threads,
+            "time_budget_minutes": args.time_budget_minutes,
             "max_steps_per_epoch": args.max_steps_per_epoch,
             "init_from": args.init_from,
             "low_level_weight": args.low_level_weight,
@@ -151,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             if ignored:
                 raise ValueError(
                     f"--resume continues the saved run as it was configured; {', '.join(ignored)} cannot change "
-                    "(only --device, --threads, --num-workers and --epochs can)"
+                    "(only --device, --threads, --num-workers, --time-budget-minutes and --epochs can)"
                 )
             # Where and how fast a run executes may change between sessions (a GPU
             # machine, fewer cores); what it computes may not.

@@ -54,6 +54,10 @@ class TrainConfig:
     log_every_steps: int = 10
     max_steps_per_epoch: int | None = None  # for smoke tests and quick looks
     threads: int | None = None  # torch intra-op threads on CPU (default: torch's choice)
+    # wall-clock minutes this process may train (None: no limit): it stops before an epoch that would not finish
+    # in time (judged by the last epoch's length) or, at the latest, after the step that crosses the limit, with
+    # state.pt saved, so --resume continues exactly. For machines lent for a fixed time.
+    time_budget_minutes: float | None = None
     # start from these weights (a .safetensors checkpoint of the same architecture), with a fresh optimizer: how a
     # later session continues a run whose run folder (state.pt) it does not have. --resume is the exact way.
     init_from: str | None = None
@@ -239,6 +243,7 @@ class Trainer:
             self.opt, mode="min", factor=cfg.train.lr_factor, patience=cfg.train.lr_patience
         )
         self.pos = Position()
+        self._started = time.monotonic()  # fit() restarts it; the time budget counts from there
         if cfg.train.init_from and not (self.run_dir / "state.pt").is_file():
             init = load_checkpoint(cfg.train.init_from)
             load_state_strict(self.model, init.model.state_dict(), cfg.train.init_from)
@@ -344,10 +349,38 @@ class Trainer:
                     flush=True,
                 )
         last: dict[str, Any] = {}
+        self._started = time.monotonic()
+        epoch_seconds = 0.0
         while self.pos.epoch < cfg.epochs:
+            if epoch_seconds and self._out_of_time(epoch_seconds):
+                return self._stop(last, "time budget: the next epoch would not finish in time")
+            t0 = time.monotonic()
             last = self._epoch()
+            if "stopped" in last:
+                return last
+            epoch_seconds = time.monotonic() - t0
         self.dist.barrier()
         return last
+
+    def _out_of_time(self, reserve: float = 0.0) -> bool:
+        """Whether no more than ``reserve`` seconds of the time budget are left (never without a budget)."""
+        budget = self.cfg.train.time_budget_minutes
+        if budget is None:
+            return False
+        left = budget * 60.0 - (time.monotonic() - self._started) - reserve
+        # every rank must stop at the same step: rank 0's clock (and its reserve) decides
+        return self.dist.broadcast_float(left, self.device) <= 0
+
+    def _stop(self, last: dict[str, Any], reason: str) -> dict[str, Any]:
+        self._save_state()
+        self.dist.barrier()
+        if self.dist.is_main:
+            print(
+                f"[train] stopped at epoch {self.pos.epoch + 1} step {self.pos.step} ({reason}); "
+                f"--resume continues",
+                flush=True,
+            )
+        return {**last, "stopped": reason, "next_epoch": self.pos.epoch + 1, "next_step": self.pos.step}
 
     def _epoch(self) -> dict[str, Any]:
         cfg, pos, ds = self.cfg.train, self.pos, self.data.train
@@ -406,6 +439,10 @@ class Trainer:
                 )
             if pos.step % cfg.save_every_steps == 0 and pos.step < n_steps:
                 self._save_state()
+            if pos.step < n_steps and self._out_of_time():
+                if bar is not None:
+                    bar.close()
+                return self._stop({}, "time budget")
         if bar is not None:
             bar.close()
         return self._end_epoch()
@@ -456,7 +493,7 @@ def _progress(total: int, desc: str, main: bool):  # -> tqdm | None
 
 # Settings that decide where and how fast a run executes, not what it computes: a
 # resumed run may change them (another machine, fewer cores).
-RUNTIME_FIELDS = ("device", "threads", "num_workers")
+RUNTIME_FIELDS = ("device", "threads", "num_workers", "time_budget_minutes")
 # ... and "epochs", which only says where the run stops (no schedule depends on it): a finished run can be
 # extended, and equals a run started with the larger number.
 RESUME_OVERRIDES = (*RUNTIME_FIELDS, "epochs")

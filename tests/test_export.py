@@ -122,3 +122,66 @@ def test_model_card_names_a_warm_start_and_speech_pauses_only_when_used(tmp_path
     (base / "metrics.csv").write_text(header)
     start = model_card("m", ck, tmp_path / "chained", evaluation, "cmd", rows).split("## Starting weights")[1]
     assert "no readable run folder" in start
+
+
+def test_model_card_says_where_each_run_trained_and_follows_a_bundled_start_back_through_its_runs(
+    tmp_path: Path,
+) -> None:
+    """A fine-tune that started from a bundled model (no run folder beside it) names the run it was exported from
+    (``--init-run``, checked to hold the same weights), and that run's own start, each with the device from its
+    env.json; ``same_weights`` ignores metadata but not one changed value."""
+    import dataclasses
+    import json
+
+    from models import save_checkpoint
+    from models.config_io import to_dict
+    from recipes.datasets import DataConfig
+    from recipes.evaluate import METRIC_KEYS
+    from recipes.export import model_card, same_weights
+    from recipes.mixing import MixingConfig
+    from recipes.trainer import RunConfig, TrainConfig
+
+    torch.manual_seed(0)
+    model = Enhancer(get_config("tiny")).eval()
+    ck = SimpleNamespace(model=model, name="tiny")
+    metrics = {k: 1.0 for k in METRIC_KEYS} | {"n_files": 2, "n_failed": 0}
+    evaluation = {"summary": {"noisy": metrics, "enhanced": metrics}, "pairs_root": "pairs", "n_evaluated": 2}
+    rows = [{"epoch": "1", "train_loss": "0.1", "val_loss": "0.2", "val_si_sdr": "3.0", "lr": "0.0002"}]
+    header = "epoch,global_step,train_loss,val_loss,val_si_sdr,lr\n"
+    scratch, middle, gpu = tmp_path / "scratch", tmp_path / "middle", tmp_path / "gpu"
+    bundled = tmp_path / "pretrained" / "default.safetensors"
+    plain = RunConfig(TrainConfig(model="tiny"), DataConfig(speech=("s",), noise=("n",)))
+    configs = {
+        scratch: plain,
+        middle: dataclasses.replace(
+            plain, train=dataclasses.replace(plain.train, init_from=str(scratch / "best.safetensors"))
+        ),
+        gpu: dataclasses.replace(
+            plain,
+            train=dataclasses.replace(plain.train, init_from=str(bundled), batch_size=64),
+            data=dataclasses.replace(plain.data, mixing=MixingConfig(repeats=40)),
+        ),
+    }
+    for folder, cfg in configs.items():
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(to_dict(cfg)))
+        (folder / "metrics.csv").write_text(header + "1,9,0.5,0.4,2.0,0.0002\n")
+    (scratch / "env.json").write_text(json.dumps({"device": "cpu"}))
+    (gpu / "env.json").write_text(
+        json.dumps({"device": "cuda:0", "cuda": {"devices": ["NVIDIA H100 80GB HBM3"]}})
+    )
+    card = model_card("m", ck, gpu, evaluation, "cmd", rows, "Data carried as Opus.", middle)
+    own, first, second = card.split("## Starting weights")
+    assert "on cuda:0 (NVIDIA H100 80GB HBM3)." in own and "Data carried as Opus." in own
+    assert "(one epoch = 40 passes over the speech files" in own
+    assert f"`{bundled}` (exported from `{middle}/best.safetensors`), from the run `{middle}`" in first
+    assert "(device not recorded in the run folder)" in first and "from epoch 1" in first
+    assert f"from the run `{scratch}`" in second and "on the CPU." in second
+
+    save_checkpoint(tmp_path / "a.safetensors", model, "tiny", {"note": "a"})
+    save_checkpoint(tmp_path / "b.safetensors", model, "tiny", {"note": "b"})
+    assert same_weights(tmp_path / "a.safetensors", tmp_path / "b.safetensors")
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] += 1e-6
+    save_checkpoint(tmp_path / "c.safetensors", model, "tiny")
+    assert not same_weights(tmp_path / "a.safetensors", tmp_path / "c.safetensors")

@@ -702,3 +702,70 @@ def test_the_default_models_two_stage_configs_resolve_to_the_documented_runs() -
         data=dataclasses.replace(stage2.data, mixing=stage1.data.mixing),
     )
     assert same == stage1
+
+
+def test_repeats_visit_every_segment_again_with_new_draws() -> None:
+    """``MixingConfig.repeats`` makes an epoch several passes over the speech segments; each pass crops and mixes
+    anew (example ``i`` depends on ``(seed, epoch, i)`` only), and ``repeats=1`` keeps the examples of runs made
+    before the setting existed."""
+    import numpy as np
+
+    from recipes.audio_pool import AudioPool
+    from recipes.mixing import MixingConfig, MixingDataset
+    from tests.conftest import speech_like
+
+    speech = AudioPool(["a", "b"], [24000, 40000], 16000)
+    speech._cache.update({0: speech_like(1.5, seed=1), 1: speech_like(2.5, seed=2)})
+    noise = AudioPool(["n"], [16000], 16000)
+    noise._cache[0] = (0.1 * np.random.default_rng(0).standard_normal(16000)).astype(np.float32)
+    once = MixingDataset(speech, noise, MixingConfig(segment_seconds=1.0), seed=3)
+    thrice = MixingDataset(speech, noise, MixingConfig(segment_seconds=1.0, repeats=3), seed=3)
+    n = len(once)
+    assert n == 5 and len(thrice) == 3 * n and len(thrice.order(0)) == 3 * n
+    for i in range(n):  # the first pass is the repeats=1 epoch, sample for sample
+        assert all(torch.equal(a, b) for a, b in zip(once[(0, i)], thrice[(0, i)], strict=True))
+    # a later pass takes the same speech segment with other draws (crop jitter, noise, SNR, level)
+    assert not torch.equal(thrice[(0, 1)][0], thrice[(0, 1 + n)][0])
+    with pytest.raises(ValueError, match="repeats"):
+        MixingConfig(repeats=0)
+
+
+def test_time_budget_stops_resumably_and_the_resumed_run_equals_an_uninterrupted_one(
+    folders: FolderTree, tmp_path: Path
+) -> None:
+    """A run out of time stops after the current step with state.pt saved; --resume (which may change the budget)
+    then finishes with the same weights as a run that never stopped."""
+    args = folders_args(folders, "--epochs", "2", "--max-steps-per-epoch", "3")
+    a, b = tmp_path / "A", tmp_path / "B"
+    train_cli([*args, "--out", str(a)], tmp_path)
+    proc = train_cli([*args, "--out", str(b), "--time-budget-minutes", "0"], tmp_path)
+    assert "stopped at epoch 1 step 1 (time budget)" in proc.stdout
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["stopped"] == "time budget"
+    assert not (b / "metrics.csv").exists()  # no epoch finished
+    pos = run_folder.load_state(b / "state.pt")["position"]
+    assert (pos["epoch"], pos["step"], pos["global_step"]) == (0, 1, 1)
+    train_cli(["--out", str(b), "--resume", "--time-budget-minutes", "60"], tmp_path)
+    drop = [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in metrics(a)]
+    assert [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in metrics(b)] == drop
+    wa = safetensors.torch.load_file(a / "last.safetensors")
+    wb = safetensors.torch.load_file(b / "last.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_compact_corpus_writes_opus_copies_once_and_reports_bad_files(tmp_path: Path) -> None:
+    from recipes.compact_corpus import main as compact_main
+    from tests.conftest import speech_like
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "sub").mkdir(parents=True)
+    sf.write(src / "sub" / "a.flac", speech_like(1.0, seed=1), 16000)
+    (src / "broken.wav").write_bytes(b"RIFF not really")
+    assert compact_main([str(src), str(dst)]) == 0
+    out = dst / "sub" / "a.ogg"
+    info = sf.info(out)
+    assert (info.format, info.subtype, info.samplerate) == ("OGG", "OPUS", 16000)
+    assert abs(info.frames - 16000) < 400
+    assert not (dst / "broken.ogg").exists() and not list(dst.rglob(".*.tmp"))
+    mtime = out.stat().st_mtime_ns
+    assert compact_main([str(src), str(dst)]) == 0 and out.stat().st_mtime_ns == mtime  # kept, not redone
+    assert compact_main([str(src / "missing"), str(dst)]) == 2

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Train on a machine lent for a fixed time, handing results back in parts (the workplace's `device` tool).
+#
+#   bash recipes/remote_train.sh start MINUTES [tim-train flags...]  # install carried wheels, start a detached run
+#   bash recipes/remote_train.sh wait  SECONDS                       # watch it; copy results to $OUT
+#
+# `start` installs the wheels in .gpu/whl (soundfile, cffi, pycparser, soxr: what that machine's Python lacks),
+# starts `python -m recipes.train ... --out $RUN --time-budget-minutes MINUTES` in its own process session (it
+# outlives the call; the next call must come while the machine is still warm), then waits like `wait`.
+# `wait` returns after SECONDS or when the run has ended, and copies the run's config, environment, metrics, log and
+# checkpoints to $OUT, checkpoints split into 15 MiB parts (join with `cat best.safetensors.part-* > ...`).
+set -euo pipefail
+RUN=${RUN:-/tmp/tim-run}
+SITE=/tmp/site
+cmd=$1; shift
+
+collect() {
+    mkdir -p "$OUT"
+    for f in config.json env.json metrics.csv; do [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/" || true; done
+    [ -f /tmp/train.log ] && tail -c 1000000 /tmp/train.log > "$OUT/train.log" || true
+    for ck in best last; do
+        [ -f "$RUN/$ck.safetensors" ] || continue
+        split -b 15M -d "$RUN/$ck.safetensors" "$OUT/$ck.safetensors.part-"
+    done
+}
+
+watch() {
+    local until=$(( $(date +%s) + $1 ))
+    while [ "$(date +%s)" -lt "$until" ]; do
+        if ! pgrep -f "recipes.train" > /dev/null; then echo "[remote] run ended"; break; fi
+        sleep 10
+    done
+    grep -E "^\[train\] (epoch [0-9]+:|stopped|skipped)|Error|error" /tmp/train.log | tail -n 60 || true
+    tail -n 3 /tmp/train.log || true
+    collect
+}
+
+case "$cmd" in
+start)
+    minutes=$1; shift
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .gpu/whl/*.whl
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+    PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 setsid nohup python3 -m recipes.train --out "$RUN" \
+        --time-budget-minutes "$minutes" "$@" > /tmp/train.log 2>&1 < /dev/null &
+    sleep 60
+    tail -n 20 /tmp/train.log
+    watch "${WAIT_SECONDS:-420}"
+    ;;
+wait)
+    watch "$1"
+    ;;
+*)
+    echo "usage: $0 start MINUTES [flags] | wait SECONDS" >&2
+    exit 2
+    ;;
+esac
