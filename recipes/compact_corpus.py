@@ -24,10 +24,16 @@ from recipes.audio_pool import list_audio
 
 
 def compact(src: Path, dst: Path, level: float) -> tuple[int, int, int]:
-    """Encode every audio file below ``src``; returns (written, already there, failed)."""
+    """Encode every audio file below ``src``; returns (written, already there, skipped with a reason)."""
     written = kept = failed = 0
+    claimed: dict[Path, Path] = {}
     for path in map(Path, list_audio([src])):
         out = (dst / path.relative_to(src)).with_suffix(".ogg")
+        if out in claimed:  # a.wav beside a.flac: both would be a.ogg
+            print(f"{path}: skipped, {out} is already the copy of {claimed[out]}", file=sys.stderr)
+            failed += 1
+            continue
+        claimed[out] = path
         if out.is_file():
             kept += 1
             continue
@@ -38,8 +44,13 @@ def compact(src: Path, dst: Path, level: float) -> tuple[int, int, int]:
             failed += 1
             continue
         out.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(out) as tmp:
-            sf.write(tmp, data, rate, format="OGG", subtype="OPUS", compression_level=level)
+        try:
+            with atomic_path(out) as tmp:
+                sf.write(tmp, data, rate, format="OGG", subtype="OPUS", compression_level=level)
+        except Exception as exc:  # e.g. a sample rate Opus does not take; the temporary file is removed
+            print(f"{path}: skipped, cannot encode ({exc})", file=sys.stderr)
+            failed += 1
+            continue
         written += 1
     return written, kept, failed
 
@@ -57,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--level must be in [0, 1], got {args.level}", file=sys.stderr)
         return 2
     written, kept, failed = compact(args.src, args.dst, args.level)
-    print(f"{written} written, {kept} already there, {failed} unreadable -> {args.dst}")
+    print(f"{written} written, {kept} already there, {failed} skipped -> {args.dst}")
     return 1 if failed and not (written or kept) else 0
 
 

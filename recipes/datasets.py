@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -128,7 +129,8 @@ def fixed_mixes(
     speech: AudioPool, noise: AudioPool, mixing: MixingConfig, n: int, seed: int
 ) -> list[ValPair]:
     """A fixed validation set: ``n`` segments of held-out speech mixed with held-out noise (own seed)."""
-    ds = MixingDataset(speech, noise, mixing, seed=seed + 7919)
+    # one pass: repeats is a training-speed setting and must not change (or pad) the validation set
+    ds = MixingDataset(speech, noise, dataclasses.replace(mixing, repeats=1), seed=seed + 7919)
     out = []
     for i in range(min(n, len(ds))):
         noisy, clean = ds[(0, i)]

@@ -325,7 +325,11 @@ def main(argv: list[str] | None = None) -> int:
     ck = load_checkpoint(run / "best.safetensors")
     if args.init_run is not None:
         init = json.loads((run / "config.json").read_text())["train"].get("init_from")
-        if not init or not same_weights(init, args.init_run / "best.safetensors"):
+        try:
+            same = bool(init) and same_weights(init, args.init_run / "best.safetensors")
+        except OSError as exc:
+            ap.error(f"--init-run: {exc}")
+        if not same:  # also after this export has replaced a bundled init_from: use the card of that export
             ap.error(
                 f"--init-run: {args.init_run}/best.safetensors is not the run's starting weights ({init})"
             )

@@ -9,6 +9,8 @@
 # outlives the call; the next call must come while the machine is still warm), then waits like `wait`.
 # `wait` returns after SECONDS or when the run has ended, and copies the run's config, environment, metrics, log and
 # checkpoints to $OUT, checkpoints split into 15 MiB parts (join with `cat best.safetensors.part-* > ...`).
+# state.pt (model + Adam state, 71 MB for the default model) does not fit in what a call hands back (64 MiB):
+# --resume works while the same machine stays warm; after that, continue with --init-from (a fresh optimizer).
 set -euo pipefail
 RUN=${RUN:-/tmp/tim-run}
 SITE=/tmp/site
@@ -27,7 +29,7 @@ collect() {
 watch() {
     local until=$(( $(date +%s) + $1 ))
     while [ "$(date +%s)" -lt "$until" ]; do
-        if ! pgrep -f "recipes.train" > /dev/null; then echo "[remote] run ended"; break; fi
+        if ! kill -0 "$(cat /tmp/train.pid)" 2> /dev/null; then echo "[remote] run ended"; break; fi
         sleep 10
     done
     grep -E "^\[train\] (epoch [0-9]+:|stopped|skipped)|Error|error" /tmp/train.log | tail -n 60 || true
@@ -42,6 +44,7 @@ start)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
     PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 setsid nohup python3 -m recipes.train --out "$RUN" \
         --time-budget-minutes "$minutes" "$@" > /tmp/train.log 2>&1 < /dev/null &
+    echo $! > /tmp/train.pid
     sleep 60
     tail -n 20 /tmp/train.log
     watch "${WAIT_SECONDS:-420}"

@@ -354,11 +354,12 @@ class Trainer:
         while self.pos.epoch < cfg.epochs:
             if epoch_seconds and self._out_of_time(epoch_seconds):
                 return self._stop(last, "time budget: the next epoch would not finish in time")
-            t0 = time.monotonic()
+            t0, whole = time.monotonic(), self.pos.step == 0
             last = self._epoch()
             if "stopped" in last:
                 return last
-            epoch_seconds = time.monotonic() - t0
+            if whole:  # a resumed partial epoch would underestimate the next one
+                epoch_seconds = time.monotonic() - t0
         self.dist.barrier()
         return last
 

@@ -725,7 +725,8 @@ def test_repeats_visit_every_segment_again_with_new_draws() -> None:
     for i in range(n):  # the first pass is the repeats=1 epoch, sample for sample
         assert all(torch.equal(a, b) for a, b in zip(once[(0, i)], thrice[(0, i)], strict=True))
     # a later pass takes the same speech segment with other draws (crop jitter, noise, SNR, level)
-    assert not torch.equal(thrice[(0, 1)][0], thrice[(0, 1 + n)][0])
+    assert not torch.equal(thrice[(0, 0)][0], thrice[(0, n)][0])
+    assert not torch.equal(thrice[(0, 0)][1], thrice[(0, n)][1])  # the crop too (segment 0 is not clamped)
     with pytest.raises(ValueError, match="repeats"):
         MixingConfig(repeats=0)
 
@@ -749,18 +750,26 @@ def test_time_budget_stops_resumably_and_the_resumed_run_equals_an_uninterrupted
     assert [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in metrics(b)] == drop
     wa = safetensors.torch.load_file(a / "last.safetensors")
     wb = safetensors.torch.load_file(b / "last.safetensors")
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_compact_corpus_writes_opus_copies_once_and_reports_bad_files(tmp_path: Path) -> None:
+def test_compact_corpus_writes_opus_copies_once_and_reports_bad_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from recipes.compact_corpus import main as compact_main
     from tests.conftest import speech_like
 
     src, dst = tmp_path / "src", tmp_path / "dst"
     (src / "sub").mkdir(parents=True)
     sf.write(src / "sub" / "a.flac", speech_like(1.0, seed=1), 16000)
+    sf.write(src / "sub" / "a.wav", speech_like(1.0, seed=2), 16000)  # would be a.ogg too
     (src / "broken.wav").write_bytes(b"RIFF not really")
     assert compact_main([str(src), str(dst)]) == 0
+    err = capsys.readouterr()
+    assert "1 written, 0 already there, 2 skipped" in err.out
+    assert (
+        "broken.wav: skipped, unreadable" in err.err and "a.wav: skipped" in err.err and "a.flac" in err.err
+    )
     out = dst / "sub" / "a.ogg"
     info = sf.info(out)
     assert (info.format, info.subtype, info.samplerate) == ("OGG", "OPUS", 16000)
