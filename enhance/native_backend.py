@@ -254,7 +254,7 @@ class NativeStepper:
         """``weights``: the weight matrices in ``float32`` (``native``: the PyTorch numbers), ``float16``
         (``native-fp16``: half the bytes to read per frame) or ``int8`` (``native-int8``: a quarter; one float
         scale per output column). The reduced two are close to but not the float32 numbers (signal to difference
-        on the bundled model: about 80 dB and 47 dB, ``tests/test_native.py``; scores:
+        on the bundled model: about 73 dB and 37 dB on noise, ``tests/test_native.py``; scores:
         ``bench/bench_int8.py``) and also keep the key/value rings in float16. The arithmetic is float32 in all."""
         if weights not in PRECISIONS:
             raise ValueError(f"weights must be one of {', '.join(PRECISIONS)}, not {weights!r}")

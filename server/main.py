@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="what runs WebSocket streams' 16 ms steps (auto: torchscript on a CPU, else pytorch; native: the step "
         "in C, fastest per hop, needs a C compiler; native-fp16 / native-int8 / onnxruntime-int8: reduced weights, "
-        "faster, about 80 / 47 / 36 dB from the float output)",
+        "faster, about 73 / 37-46 / 36 dB from the float output)",
     )
     p.add_argument(
         "--stream-idle-timeout", type=float, default=60.0, help="close a stream silent for this long (s)"

@@ -149,10 +149,12 @@ def test_default_model_float32_float16_and_int8() -> None:
         snr[weights] = 10 * np.log10(np.sum(ref**2) / np.sum((y - ref) ** 2))
         if weights == "float32":
             assert np.abs(y - ref).max() < 1e-5
-    # when written: 134, 84 and 47 dB (onnxruntime-int8, which also quantises the activations: 36 dB)
+    # when written: 134, 84 and 47 dB (onnxruntime-int8, which also quantises the activations: 36 dB); with the
+    # session-11 weights 126, 73 and 37 dB on this noise (int8 on the 120 dev pairs: 45.5 dB median, 33.8 the
+    # lowest, scores unchanged: bench/results/native-int8/summary.md)
     assert snr["float32"] > 110.0
     assert 70.0 < snr["float16"] < 110.0
-    assert 40.0 < snr["int8"] < 70.0
+    assert 30.0 < snr["int8"] < 70.0
 
 
 def test_digital_silence_then_noise_equals_offline() -> None:
