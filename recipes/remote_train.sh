@@ -11,15 +11,23 @@
 # checkpoints to $OUT, checkpoints split into 15 MiB parts (join with `cat best.safetensors.part-* > ...`).
 # state.pt (model + Adam state, 71 MB for the default model) does not fit in what a call hands back (64 MiB):
 # --resume works while the same machine stays warm; after that, continue with --init-from (a fresh optimizer).
+#
+# Settings (environment): RUN (the run folder, /tmp/tim-run), WORK (log, pid and wheel site, /tmp), PYTHON
+# (python3), START_WAIT (seconds `start` waits before its first look, 60), WAIT_SECONDS (how long `start` then
+# watches, 420), OUT (where results go; the device tool sets it).
 set -euo pipefail
 RUN=${RUN:-/tmp/tim-run}
-SITE=/tmp/site
-cmd=$1; shift
+WORK=${WORK:-/tmp}
+PYTHON=${PYTHON:-python3}
+SITE=$WORK/site
+LOG=$WORK/train.log
+PID=$WORK/train.pid
+cmd=${1:-}; [ $# -gt 0 ] && shift
 
 collect() {
     mkdir -p "$OUT"
     for f in config.json env.json metrics.csv; do [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/" || true; done
-    [ -f /tmp/train.log ] && tail -c 1000000 /tmp/train.log > "$OUT/train.log" || true
+    [ -f "$LOG" ] && tail -c 1000000 "$LOG" > "$OUT/train.log" || true
     for ck in best last; do
         [ -f "$RUN/$ck.safetensors" ] || continue
         split -b 15M -d "$RUN/$ck.safetensors" "$OUT/$ck.safetensors.part-"
@@ -29,28 +37,31 @@ collect() {
 watch() {
     local until=$(( $(date +%s) + $1 ))
     while [ "$(date +%s)" -lt "$until" ]; do
-        if ! kill -0 "$(cat /tmp/train.pid)" 2> /dev/null; then echo "[remote] run ended"; break; fi
+        if ! kill -0 "$(cat "$PID")" 2> /dev/null; then echo "[remote] run ended"; break; fi
         sleep 10
     done
-    grep -E "^\[train\] (epoch [0-9]+:|stopped|skipped)|Error|error" /tmp/train.log | tail -n 60 || true
-    tail -n 3 /tmp/train.log || true
+    grep -E "^\[train\] (epoch [0-9]+:|stopped|skipped)|Error|error" "$LOG" | tail -n 60 || true
+    tail -n 3 "$LOG" || true
     collect
 }
 
 case "$cmd" in
 start)
     minutes=$1; shift
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .gpu/whl/*.whl
-    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-    PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 setsid nohup python3 -m recipes.train --out "$RUN" \
-        --time-budget-minutes "$minutes" "$@" > /tmp/train.log 2>&1 < /dev/null &
-    echo $! > /tmp/train.pid
-    sleep 60
-    tail -n 20 /tmp/train.log
+    if compgen -G ".gpu/whl/*.whl" > /dev/null; then
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+            .gpu/whl/*.whl
+    fi
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2> /dev/null || true
+    PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 setsid nohup "$PYTHON" -m recipes.train --out "$RUN" \
+        --time-budget-minutes "$minutes" "$@" > "$LOG" 2>&1 < /dev/null &
+    echo $! > "$PID"
+    sleep "${START_WAIT:-60}"
+    tail -n 20 "$LOG"
     watch "${WAIT_SECONDS:-420}"
     ;;
 wait)
-    watch "$1"
+    watch "${1:?wait needs SECONDS}"
     ;;
 *)
     echo "usage: $0 start MINUTES [flags] | wait SECONDS" >&2

@@ -778,3 +778,48 @@ def test_compact_corpus_writes_opus_copies_once_and_reports_bad_files(
     mtime = out.stat().st_mtime_ns
     assert compact_main([str(src), str(dst)]) == 0 and out.stat().st_mtime_ns == mtime  # kept, not redone
     assert compact_main([str(src / "missing"), str(dst)]) == 2
+
+
+def test_remote_train_script_runs_a_detached_training_and_hands_back_its_files(
+    folders: FolderTree, tmp_path: Path
+) -> None:
+    """recipes/remote_train.sh as the GPU session used it, here on the CPU: `start` launches the run in its own
+    process session and watches it until it ends; the run's files land in $OUT, checkpoints in parts that join
+    back to the same bytes; `wait` on an ended run collects again at once."""
+    work = tmp_path / "cwd"  # the script imports from its working directory: the project's packages, no .gpu/
+    work.mkdir()
+    for pkg in ("recipes", "models", "enhance"):
+        (work / pkg).symlink_to(ROOT / pkg)
+    run, out = tmp_path / "run", tmp_path / "out"
+    env = {
+        **cli_env(),
+        "RUN": str(run),
+        "WORK": str(tmp_path / "work"),
+        "OUT": str(out),
+        "PYTHON": sys.executable,
+        "START_WAIT": "0",
+        "WAIT_SECONDS": str(CLI_TIMEOUT),
+    }
+    (tmp_path / "work").mkdir()
+    script = str(ROOT / "recipes" / "remote_train.sh")
+    args = folders_args(folders, "--epochs", "2", "--max-steps-per-epoch", "3")
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        ["bash", script, "start", "10", *args], cwd=work, env=env, capture_output=True, text=True, timeout=400
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "[remote] run ended" in proc.stdout and "[train] epoch 2:" in proc.stdout
+    assert time.monotonic() - t0 < CLI_TIMEOUT  # it returned when the run ended, not at WAIT_SECONDS
+    names = sorted(p.name for p in out.iterdir())
+    for name in ("config.json", "env.json", "metrics.csv", "train.log"):
+        assert name in names
+    for ck in ("best", "last"):
+        parts = sorted(out.glob(f"{ck}.safetensors.part-*"))
+        assert parts and b"".join(p.read_bytes() for p in parts) == (run / f"{ck}.safetensors").read_bytes()
+    assert json.loads((out / "config.json").read_text())["train"]["time_budget_minutes"] == 10.0
+    again = subprocess.run(
+        ["bash", script, "wait", "300"], cwd=work, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert again.returncode == 0 and "[remote] run ended" in again.stdout
+    bad = subprocess.run(["bash", script, "sideways"], cwd=work, env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage" in bad.stderr
