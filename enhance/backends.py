@@ -26,9 +26,10 @@
 * ``auto``: ``torchscript`` when the model can run it (float32, on the CPU, a bounded attention context and the
   one-frame lookahead the fixed step is written for), else ``pytorch``.
 
-All but ``native-fp16``, ``native-int8`` and ``onnxruntime-int8`` give the same samples (float32 rounding; tested). A backend holds no per-stream
-state (that lives in the engine's :class:`enhance.streaming.StreamState`), so one backend can serve many streams,
-also from several threads at once (tested for ``torchscript`` and ``native``).
+All but ``native-fp16``, ``native-int8`` and ``onnxruntime-int8`` give the same samples (float32 rounding;
+tested). A backend holds no per-stream state (that lives in the engine's :class:`enhance.streaming.StreamState`),
+so one backend can serve many streams, also from several threads at once (tested for ``torchscript`` and
+``native``).
 """
 
 from __future__ import annotations

@@ -47,11 +47,8 @@ SOURCE = Path(__file__).with_name("native_step.c")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared", "-std=gnu11")
 
 
-PRECISIONS = (
-    "float32",
-    "float16",
-    "int8",
-)  # the C step's weight matrices (tim_model_new's precision 0, 1, 2)
+# the C step's weight matrices (tim_model_new's precision 0, 1, 2)
+PRECISIONS = ("float32", "float16", "int8")
 
 
 class NativeUnavailable(RuntimeError):
@@ -309,6 +306,16 @@ class NativeStepper:
         ):
             raise ValueError(f"not a state of this stepper for {batch} channel(s) (make it with new_state)")
 
+    def _map_buffer(self, batch: int, frames: int, wanted: bool) -> np.ndarray | None:
+        """Where the C calls write competition scores: [B, frames, TIM layers, n_s] (None: not asked for)."""
+        return np.empty((batch, frames, self.n_maps, self.map_groups), np.float32) if wanted else None
+
+    def _per_layer(self, maps: np.ndarray | None, m: int) -> list[np.ndarray]:
+        """The scores of the ``m`` frames output, one [B, m, n_s] array per TIM layer."""
+        if maps is None or not m:
+            return []
+        return [np.ascontiguousarray(maps[:, :m, i]) for i in range(self.n_maps)]
+
     def _min_gain(self) -> float:
         limit = self.model.cfg.max_attenuation_db
         return -1.0 if limit is None else float(np.float32(10.0 ** (-limit / 20.0)))
@@ -329,7 +336,7 @@ class NativeStepper:
             x = np.concatenate([x, np.zeros((batch, 1, self.n_bins), np.float32)], axis=1)
             n += 1
         out = np.empty((batch, n, self.n_bins), np.float32)
-        maps = np.empty((batch, n, self.n_maps, self.map_groups), np.float32) if return_competition else None
+        maps = self._map_buffer(batch, n, return_competition)
         gain = self._min_gain()
         m = 0
         for b in range(batch):
@@ -344,11 +351,10 @@ class NativeStepper:
                 _addr(out[b]),
                 None if maps is None else _addr(maps[b]),
             )
-        log_mag = torch.from_numpy(out[:, :m])
-        competition = None
-        if maps is not None and m:
-            competition = [torch.from_numpy(np.ascontiguousarray(maps[:, :m, i])) for i in range(self.n_maps)]
-        return EnhancerOutput(log_mag, competition), state
+        competition = (
+            None if maps is None or not m else [torch.from_numpy(c) for c in self._per_layer(maps, m)]
+        )
+        return EnhancerOutput(torch.from_numpy(out[:, :m]), competition), state
 
     def run_frames(
         self,
@@ -380,9 +386,7 @@ class NativeStepper:
             if a.dtype != dtype or a.shape != (batch, width) or not a.flags.c_contiguous:
                 raise ValueError(f"expected a contiguous {dtype.__name__} array [{batch}, {width}]")
         out = np.empty((batch, (n + 1) * self.hop), np.float32)
-        maps = (
-            np.empty((batch, n + 1, self.n_maps, self.map_groups), np.float32) if return_competition else None
-        )
+        maps = self._map_buffer(batch, n + 1, return_competition)
         gain = self._min_gain()
         m = 0
         for b in range(batch):
@@ -400,9 +404,4 @@ class NativeStepper:
                 _addr(out[b]),
                 None if maps is None else _addr(maps[b]),
             )
-        competition = (
-            []
-            if maps is None or not m
-            else [np.ascontiguousarray(maps[:, :m, i]) for i in range(self.n_maps)]
-        )
-        return out[:, : m * self.hop], competition
+        return out[:, : m * self.hop], self._per_layer(maps, m)

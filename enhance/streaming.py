@@ -50,9 +50,9 @@ class StreamingEnhancer:
         or :class:`enhance.onnx_backend.OnnxStepper` (onnxruntime) run the fixed-shape step, and
         :class:`enhance.native_backend.NativeStepper` the step in C, faster on a CPU (:mod:`enhance.backends`
         chooses). All give the same samples, but for an int8 OnnxStepper (``onnxruntime-int8``) and a float16 or
-        int8 NativeStepper (``native-fp16``, ``native-int8``), which are close to them. A backend with ``run_frames`` (NativeStepper)
-        also does the analysis, synthesis and overlap-add of each frame (in C), the rest runs them here with
-        :mod:`enhance.stft` (PyTorch, on the model's device and dtype)."""
+        int8 NativeStepper (``native-fp16``, ``native-int8``), which are close to them. A backend with
+        ``run_frames`` (NativeStepper) also does the analysis, synthesis and overlap-add of each frame (in C); for
+        the rest they run here with :mod:`enhance.stft` (PyTorch, on the model's device and dtype)."""
         self.model, self.with_competition = model.eval(), with_competition
         self.backend = backend if backend is not None else model
         self.cfg = model.cfg.stft

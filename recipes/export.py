@@ -171,10 +171,10 @@ def _curve(rows: list[dict[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _where(folder: Path | None) -> str:
+def _where(folder: Path) -> str:
     """Where a run trained, from its ``env.json`` (``recipes.run_folder.environment``)."""
     try:
-        env = json.loads((folder / "env.json").read_text()) if folder is not None else None
+        env = json.loads((folder / "env.json").read_text())
     except (OSError, ValueError):
         env = None
     if not isinstance(env, dict) or "device" not in env:
@@ -186,14 +186,11 @@ def _where(folder: Path | None) -> str:
 
 
 def _training(
-    train: dict[str, Any],
-    data: dict[str, Any],
-    rows: list[dict[str, str]],
-    weights: str = "best.safetensors",
-    folder: Path | None = None,
+    train: dict[str, Any], data: dict[str, Any], rows: list[dict[str, str]], weights: str, folder: Path
 ) -> str:
-    """One run's training line: optimiser, loss, SNR range, epochs, where it ran and, when ``weights`` is the
-    run's ``best.safetensors``, the epoch they are from (another file of the run is only named)."""
+    """One run's training line (the run in ``folder``): optimiser, loss, SNR range, epochs, where it ran and, when
+    ``weights`` is the run's ``best.safetensors``, the epoch they are from (another file of the run is only
+    named)."""
     best = min(rows, key=lambda r: float(r["val_loss"]))
     which = (
         f"these weights are from epoch {best['epoch']} (lowest validation loss, {float(best['val_loss']):.4f})"
@@ -271,7 +268,7 @@ def model_card(
   stated; internal R&D use), Hu nonspeech (research corpus), Speech Commands background (CC BY 4.0), SoundBible
   (per-clip terms), Tux Paint effects (GPL-2). See the corpus README for sources. **Because of the noise licences,
   treat these weights as internal R&D material, not for redistribution.**
-- **Training**: {_training(train, data, rows, folder=run)}{" " + note if note else ""}
+- **Training**: {_training(train, data, rows, "best.safetensors", run)}{" " + note if note else ""}
 - **Validation / evaluation data**: the corpus' fixed dev pairs (`{evaluation["pairs_root"]}`; held-out LibriSpeech speakers and
   held-out noise files at 0-15 dB SNR). They were used to pick the epoch, so the numbers below are validation numbers,
   not a test-set result, and not comparable with VoiceBank-DEMAND or DNS Challenge results.

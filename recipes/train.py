@@ -28,6 +28,9 @@ from typing import Any
 from models.config_io import from_dict
 from recipes.trainer import RESUME_OVERRIDES, RunConfig, Trainer
 
+# the flags --resume may change, as the help and the refusal name them
+RESUME_FLAGS = ", ".join("--" + k.replace("_", "-") for k in RESUME_OVERRIDES)
+
 CONFIG_DIR = Path(__file__).parent / "configs"
 
 
@@ -49,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run in --out with its saved config; only --device, --threads, --num-workers, "
-        "--time-budget-minutes and --epochs (to extend a finished run) may change",
+        help=f"continue the run in --out with its saved config; only {RESUME_FLAGS} may change (--epochs: to "
+        "extend a finished run)",
     )
     g = p.add_argument_group("overrides")
     g.add_argument("--model", help="model config name (transformer, tim-nocomp, tim, tim4, tiny, ...)")
@@ -157,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             if ignored:
                 raise ValueError(
                     f"--resume continues the saved run as it was configured; {', '.join(ignored)} cannot change "
-                    "(only --device, --threads, --num-workers, --time-budget-minutes and --epochs can)"
+                    f"(only {RESUME_FLAGS} can)"
                 )
             # Where and how fast a run executes may change between sessions (a GPU
             # machine, fewer cores); what it computes may not.
