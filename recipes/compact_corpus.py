@@ -3,9 +3,10 @@
 ``python -m recipes.compact_corpus SRC DST [--level 0.9]`` re-encodes every audio file below ``SRC`` to
 ``DST/<same relative path>.ogg`` (Opus, same sample rate, mono or as the source), skipping files that already
 exist, each written to a temporary name and renamed. ``--level`` is libsndfile's compression level (0 best
-quality .. 1 smallest); measured on the shared corpus' speech: 0.9 gives about 32 kbit/s with PESQ-wb 4.45-4.59
-of the decoded copy against the original, 0.95 about 19 kbit/s (PESQ 4.06-4.49), against about 150 kbit/s of
-the FLAC originals.
+quality .. 1 smallest). Measured on 5 of the shared corpus' speech files (every 200th, a throwaway script in
+session 11): 0.9 gives about 32 kbit/s with PESQ-wb 4.45-4.59 of the decoded copy against the original, 0.95
+about 19 kbit/s (PESQ 4.06-4.49); the whole speech/train folder at 0.9 is 31 kbit/s, against 136 kbit/s of its
+FLAC originals.
 
 The copy is lossy: a model trained on it learns Opus-coded clean targets. That is small next to what a
 denoiser leaves, but say so wherever the model is described (the default model's card does).
