@@ -45,8 +45,9 @@ def _version() -> str:
         return "unknown"
 
 
-def _attenuation_db(text: str) -> float:
-    """``--max-attenuation-db``: a number of dB >= 0, or inf (checked as the model will check it)."""
+def attenuation_db(text: str) -> float:
+    """``--max-attenuation-db`` (enhance-cli, recipes.evaluate): a number of dB >= 0, or inf (checked as
+    :meth:`models.Enhancer.set_max_attenuation` will check it)."""
     value = float(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be at least 0 dB (or inf for no limit), got {text}")
@@ -89,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="CPU threads for the model (default: PyTorch's choice)")
     p.add_argument(
         "--max-attenuation-db",
-        type=_attenuation_db,
+        type=attenuation_db,
         metavar="DB",
         help="never attenuate more than DB dB (default: the model's own setting; 'inf' = no limit)",
     )

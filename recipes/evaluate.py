@@ -29,6 +29,7 @@ import torch
 from tqdm import tqdm
 
 from enhance.audio_io import MODEL_RATE, atomic_path, load_mono_16k
+from enhance.cli import attenuation_db
 from enhance.errors import EnhanceError
 from enhance.offline import enhance_waveform
 from models import CheckpointError, Enhancer, get_config, load_checkpoint
@@ -241,19 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="weight seed for --model-config (default: 0)")
     parser.add_argument(
         "--max-attenuation-db",
-        type=_limit_db,
+        type=attenuation_db,
         metavar="DB",
         help="score with this attenuation limit (what recipes.export bundles, e.g. 20; 'inf' = none) instead of "
         "the checkpoint's own (a training run's checkpoints have none)",
     )
     return parser
-
-
-def _limit_db(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0 dB (or inf), got {text}")
-    return value
 
 
 def load_model(args: argparse.Namespace) -> Enhancer:

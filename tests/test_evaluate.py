@@ -292,6 +292,8 @@ def test_evaluate_can_score_at_an_attenuation_limit(tmp_path: Path) -> None:
         load_model(parser.parse_args([*relimited, "--max-attenuation-db", "inf"])).cfg.max_attenuation_db
         is None
     )
-    for bad in ("0", "-3", "loud"):
+    # the same rule as enhance-cli's flag and the model's own check: 0 dB (never below the noisy input) is a limit
+    assert load_model(parser.parse_args([*base, "--max-attenuation-db", "0"])).cfg.max_attenuation_db == 0.0
+    for bad in ("-3", "nan", "loud"):
         with pytest.raises(SystemExit):
             parser.parse_args([*base, "--max-attenuation-db", bad])
