@@ -19,9 +19,12 @@ the noisy phase like the engine does. A filter is a ``+``-joined chain of steps 
   energy per dB under ``R``;
 * ``release=A``: per-bin gain may fall by at most a factor ``A`` per frame, ``G_t = max(G_t, A G_{t-1})`` (like
   RNNoise's gain smoothing; stateful, offline only here);
+* ``fmean=N`` / ``fgeo=N`` / ``fmed=N``: the gain ``G = P / X`` replaced by its arithmetic mean, geometric mean or
+  median over ``N`` neighbouring bins (odd; the edge bins repeated), against musical noise (RNNoise's band gains
+  are smooth across frequency, the network's are per bin);
 * ``raw``: no change.
 
-``dfpf`` and ``release`` work on the gain ``G = P / X`` capped at 1, so they also cap ``P`` at ``X`` (the network's
+``dfpf``, ``release`` and the ``f*`` smoothers work on the gain ``G = P / X`` capped at 1, so they also cap ``P`` at ``X`` (the network's
 residual output can exceed the noisy magnitude slightly); ``relative`` caps the frame gain ``g`` at 1.
 
 Besides PESQ, STOI, SI-SDR and DNSMOS, each row reports **pause attenuation**: the output's energy over the
@@ -111,6 +114,36 @@ def step_release(alpha: float) -> Step:
     return f
 
 
+def _bins(g: torch.Tensor, width: int) -> torch.Tensor:
+    """Each bin's neighbourhood of ``width`` bins (odd; edges repeated), [T, F, width]."""
+    half = width // 2
+    padded = torch.cat([g[:, :1].expand(-1, half), g, g[:, -1:].expand(-1, half)], dim=1)
+    return padded.unfold(1, width, 1)
+
+
+def step_freq(kind: str) -> Callable[[float], Step]:
+    """Smooth the gain ``G = P / X`` over ``width`` neighbouring bins: arithmetic mean, geometric mean or
+    median (musical-noise removal: an isolated residual bin among suppressed ones is pulled down)."""
+
+    def make(width: float) -> Step:
+        if width < 1 or width % 2 != 1:
+            raise ValueError(f"a bin neighbourhood must be an odd width, got {width:g}")
+
+        def f(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+            nb = _bins(_gain(x, p), int(width))
+            if kind == "mean":
+                g = nb.mean(-1)
+            elif kind == "geo":
+                g = nb.clamp_min(1e-6).log().mean(-1).exp()
+            else:
+                g = nb.median(-1).values
+            return g * x
+
+        return f
+
+    return make
+
+
 def parse_filter(spec: str) -> Step:
     """A ``+``-joined chain of ``name=value`` steps (see the module docstring); raises ValueError."""
     steps: list[Step] = []
@@ -128,6 +161,9 @@ def parse_filter(spec: str) -> Step:
                 "relative": step_relative,
                 "dfpf": step_dfpf,
                 "release": step_release,
+                "fmean": step_freq("mean"),
+                "fgeo": step_freq("geo"),
+                "fmed": step_freq("median"),
             }
             steps.append(makers[name](float(arg)))
         except (KeyError, ValueError):

@@ -89,7 +89,16 @@ def test_steps(bench: ModuleType) -> None:
     assert float(bench.parse_filter("expander=-10/2")(x, quiet)[0, 0]) == pytest.approx(0.01)
     # above the threshold: unchanged
     assert float(bench.parse_filter("expander=-30/2")(x, quiet)[0, 0]) == pytest.approx(0.1)
-    for bad in ("limit", "limit=x", "nope=1", "expander=3"):
+    # frequency smoothing over 3 bins (edges repeated): an isolated bin of gain 1 among zeros is spread (mean),
+    # removed (median, geometric mean); a notch in ones is filled by the median
+    spike = x * torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0])
+    assert bench.parse_filter("fmean=3")(x, spike)[0].tolist() == pytest.approx([0, 1 / 3, 1 / 3, 1 / 3, 0])
+    assert bench.parse_filter("fmed=3")(x, spike)[0].tolist() == pytest.approx([0.0] * 5)
+    assert float(bench.parse_filter("fgeo=3")(x, spike)[0, 2]) < 1e-3
+    notch = x * torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0])
+    assert bench.parse_filter("fmed=3")(x, notch)[0].tolist() == pytest.approx([1.0] * 5)
+    assert bench.parse_filter("fmed=5")(x, p)[0].tolist() == pytest.approx(gains.tolist())  # monotone: kept
+    for bad in ("limit", "limit=x", "nope=1", "expander=3", "fmean=2", "fmed=0", "fgeo=1.5"):
         with pytest.raises(ValueError, match="bad post-filter step"):
             bench.parse_filter(bad)
 
