@@ -780,6 +780,46 @@ def test_compact_corpus_writes_opus_copies_once_and_reports_bad_files(
     assert compact_main([str(src / "missing"), str(dst)]) == 2
 
 
+def test_gpu_bundle_script_builds_the_carried_folder_and_checks_its_size(tmp_path: Path) -> None:
+    """recipes/gpu_bundle.sh on a corpus laid out like ../shared/data: Opus copies of speech and noise, every 4th
+    dev pair as it is, the size line; a limit the tree cannot fit in fails, a folder that is not a corpus too."""
+    from tests.conftest import speech_like
+
+    data, dest = tmp_path / "data", tmp_path / "bundle"
+    for sub, n in (("speech/train/spk0", 2), ("noise/train", 1)):
+        (data / sub).mkdir(parents=True)
+        for i in range(n):
+            sf.write(data / sub / f"f{i}.flac", speech_like(1.0, seed=i), 16000)
+    for kind in ("noisy", "clean"):
+        (data / "dev" / kind).mkdir(parents=True)
+        for i in range(6):
+            sf.write(data / "dev" / kind / f"{i:04d}.flac", speech_like(0.5, seed=10 + i), 16000)
+    env = {**cli_env(), "PYTHON": sys.executable, "NO_WHEELS": "1"}
+    script = ["bash", str(ROOT / "recipes" / "gpu_bundle.sh"), str(data), str(dest)]
+    proc = subprocess.run(script, cwd=ROOT, env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*.ogg")) == [
+        "data/noise/f0.ogg",
+        "data/speech/spk0/f0.ogg",
+        "data/speech/spk0/f1.ogg",
+    ]
+    for kind in ("noisy", "clean"):  # pairs 0 and 4 of 6, byte for byte
+        copied = sorted(p.name for p in (dest / "data" / "dev" / kind).iterdir())
+        assert copied == ["0000.flac", "0004.flac"]
+        assert all(
+            (dest / "data/dev" / kind / n).read_bytes() == (data / "dev" / kind / n).read_bytes()
+            for n in copied
+        )
+    assert "2 of 6 dev pairs copied" in proc.stdout and "of 64.0 MiB" in proc.stdout
+    assert not (dest / "whl").exists()
+    small = subprocess.run(script, cwd=ROOT, env={**env, "LIMIT_MIB": "1"}, capture_output=True, text=True)
+    assert small.returncode == 1 and "too big to carry" in small.stderr
+    wrong = subprocess.run(
+        [*script[:2], str(tmp_path / "nothing"), str(dest)], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert wrong.returncode == 2 and "is not a folder" in wrong.stderr
+
+
 def test_remote_train_script_runs_a_detached_training_and_hands_back_its_files(
     folders: FolderTree, tmp_path: Path
 ) -> None:
