@@ -17,6 +17,8 @@ the noisy phase like the engine does. A filter is a ``+``-joined chain of steps 
 * ``expander=R/K``: a downward expander on the frame's predicted level: a frame whose energy ratio
   ``sum P^2 / sum X^2`` is below ``R`` dB is scaled by ``(ratio / R)^(K/2)``, i.e. it loses another K dB of
   energy per dB under ``R``;
+* ``gate=R/K/H``: the expander with a hold time: the frame ratio it reads is the largest of the last ``H``
+  frames', so a speech tail or a dip inside a word is not gated;
 * ``release=A``: per-bin gain may fall by at most a factor ``A`` per frame, ``G_t = max(G_t, A G_{t-1})`` (like
   RNNoise's gain smoothing; stateful, offline only here);
 * ``fmean=N`` / ``fgeo=N`` / ``fmed=N``: the gain ``G = P / X`` replaced by its arithmetic mean, geometric mean or
@@ -103,6 +105,18 @@ def step_expander(threshold_db: float, k: float) -> Step:
     return f
 
 
+def step_gate(threshold_db: float, k: float, hold: int) -> Step:
+    """The expander with a hangover: the frame ratio it reads is the largest of the last ``hold`` frames', so a
+    speech tail or a short dip inside a word is not gated (a noise gate's hold time; causal)."""
+
+    def f(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        ratio = _frame_ratio(x, p)[:, 0]
+        held = torch.nn.functional.pad(ratio, (hold - 1, 0)).unfold(0, hold, 1).amax(-1)[:, None]
+        return p * (held / 10.0 ** (threshold_db / 10.0)).clamp(max=1.0) ** (k / 2.0)
+
+    return f
+
+
 def step_release(alpha: float) -> Step:
     def f(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         g = _gain(x, p)
@@ -155,6 +169,12 @@ def parse_filter(spec: str) -> Step:
             if name == "expander":
                 r, k = arg.split("/")
                 steps.append(step_expander(float(r), float(k)))
+                continue
+            if name == "gate":
+                r, k, h = arg.split("/")
+                if int(h) < 1:
+                    raise ValueError(h)
+                steps.append(step_gate(float(r), float(k), int(h)))
                 continue
             makers = {
                 "limit": step_limit,

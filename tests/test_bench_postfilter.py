@@ -89,6 +89,11 @@ def test_steps(bench: ModuleType) -> None:
     assert float(bench.parse_filter("expander=-10/2")(x, quiet)[0, 0]) == pytest.approx(0.01)
     # above the threshold: unchanged
     assert float(bench.parse_filter("expander=-30/2")(x, quiet)[0, 0]) == pytest.approx(0.1)
+    # the gate holds: a frame of full gain, then quiet frames at -20 dB (10 under the threshold, 20 dB more off)
+    # pass unchanged for the rest of the 3-frame hold, then are gated like the expander's
+    held = torch.cat([torch.ones(1, 5), torch.full((5, 5), 0.1)]) * x
+    gated = bench.parse_filter("gate=-10/2/3")(x, held)[:, 0]
+    assert gated.tolist() == pytest.approx([1.0, 0.1, 0.1, 0.01, 0.01, 0.01])
     # frequency smoothing over 3 bins (edges repeated): an isolated bin of gain 1 among zeros is spread (mean),
     # removed (median, geometric mean); a notch in ones is filled by the median
     spike = x * torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0])
@@ -98,7 +103,17 @@ def test_steps(bench: ModuleType) -> None:
     notch = x * torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0])
     assert bench.parse_filter("fmed=3")(x, notch)[0].tolist() == pytest.approx([1.0] * 5)
     assert bench.parse_filter("fmed=5")(x, p)[0].tolist() == pytest.approx(gains.tolist())  # monotone: kept
-    for bad in ("limit", "limit=x", "nope=1", "expander=3", "fmean=2", "fmed=0", "fgeo=1.5"):
+    for bad in (
+        "limit",
+        "limit=x",
+        "nope=1",
+        "expander=3",
+        "fmean=2",
+        "fmed=0",
+        "fgeo=1.5",
+        "gate=-10/2/0",
+        "gate=-10/2",
+    ):
         with pytest.raises(ValueError, match="bad post-filter step"):
             bench.parse_filter(bad)
 
