@@ -14,17 +14,19 @@
   step in ``bench/bench_int8.py``). Chosen only by name. Creating it exports and quantises two steps: seconds of
   start-up per CLI run or server model.
 * ``native``: :class:`enhance.native_backend.NativeStepper`, the step in plain C (compiled on first use; needs a C
-  compiler): one frame at a time with no per-operation overhead, the fastest for per-hop streaming
-  (``bench/bench_streaming.py``). Standard and TIM blocks (no SDU or MAE), CPU, float32. Chosen only by name:
-  larger chunks run faster on ``torchscript``, which reads the weights once for up to 64 frames.
+  compiler): no per-operation overhead, each weight matrix read once for up to 16 frames per call, the fastest
+  backend for chunks up to about 100 ms (``bench/bench_chunk_sizes.py``; from 300 ms ``torchscript`` is faster).
+  Standard and TIM blocks (no SDU or MAE), CPU, float32.
 * ``native-fp16``: the same with the weight matrices and the key/value rings in float16 (half the bytes per
   frame; float32 arithmetic): not the same samples, but close (about 73 dB signal to difference on the default
   model; ``tests/test_native.py``). Chosen only by name.
 * ``native-int8``: the same with the weight matrices in int8, one float scale per output column (a quarter of
   the bytes), the rings in float16: about 37-46 dB from the float32 samples, scores unchanged
   (``bench/bench_int8.py``). Chosen only by name.
-* ``auto``: ``torchscript`` when the model can run it (float32, on the CPU, a bounded attention context and the
-  one-frame lookahead the fixed step is written for), else ``pytorch``.
+* ``auto``: ``native`` when the model can run it and the C step can be built here (a C compiler, or a build
+  already cached); else ``torchscript`` when the model can run that (float32, on the CPU, a bounded attention
+  context and the one-frame lookahead the fixed step is written for); else ``pytorch``. All three give the same
+  samples to float32 rounding.
 
 All but ``native-fp16``, ``native-int8`` and ``onnxruntime-int8`` give the same samples (float32 rounding;
 tested). A backend holds no per-stream state (that lives in the engine's :class:`enhance.streaming.StreamState`),
@@ -54,7 +56,9 @@ def resolve_backend(model: Enhancer, name: str = "auto") -> str:
     param = next(model.parameters())
     reason = "it runs on the CPU" if param.device.type != "cpu" else unsupported(model)
     if name == "auto":
-        return "torchscript" if reason is None and param.dtype == torch.float32 else "pytorch"
+        if reason is not None or param.dtype != torch.float32:
+            return "pytorch"
+        return "native" if _native_ready(model) else "torchscript"
     if name in NATIVE and reason is None:
         from enhance.native_backend import native_unsupported
 
@@ -62,6 +66,20 @@ def resolve_backend(model: Enhancer, name: str = "auto") -> str:
     if name != "pytorch" and reason is not None:
         raise ValueError(f"the {name} backend cannot run this model: {reason} (use --stream-backend pytorch)")
     return name
+
+
+def _native_ready(model: Enhancer) -> bool:
+    """Whether the C step covers ``model`` and can be built (or is already built) here: ``auto`` takes it then.
+    The first call on a machine compiles it (about 3 s; cached), as naming ``native`` would."""
+    from enhance.native_backend import NativeUnavailable, library, native_unsupported
+
+    if native_unsupported(model) is not None:
+        return False
+    try:
+        library()
+    except NativeUnavailable:
+        return False
+    return True
 
 
 def streaming_backend(model: Enhancer, name: str = "auto", threads: int = 1) -> Any | None:

@@ -1,10 +1,12 @@
-/* The model's incremental step in plain C: one 16 ms frame in, one enhanced log-magnitude frame out.
+/* The model's incremental step in plain C: 16 ms frames in, enhanced log-magnitude frames out.
  *
  * The same computation as models/static_step.py (pre-encoder convs with their caches, standard and TIM blocks
- * with per-block key/value rings, the output stage with the attenuation floor), written for one frame at a time
- * with no per-operation overhead: every matrix-vector product streams its weights once, row by row ("axpy" form,
- * y += x[i] * W[i, :], which compilers vectorise without reassociating sums), and everything else is a few
- * thousand flops per frame. enhance/native_backend.py compiles this file, lays out the weights and the state in the
+ * with per-block key/value rings, the output stage with the attenuation floor) with no per-operation overhead:
+ * every matrix product streams its weights once per call for up to MAX_BATCH frames, four rows at a time ("axpy"
+ * form, y += x[i] * W[i, :], which compilers vectorise without reassociating sums), while the attention goes
+ * frame by frame through the rings; everything else is a few thousand flops per frame. A frame's arithmetic is
+ * the same whether it comes alone or with others, so the output does not depend on the chunking (bit for bit;
+ * tests/test_native.py). enhance/native_backend.py compiles this file, lays out the weights and the state in the
  * order read below, and checks the result against PyTorch (tests/test_native.py).
  *
  * Weights (float32, one array, in this order; the float16 and int8 modes convert the matrices once at start; W is [n_in][n_out], i.e. PyTorch's Linear weight transposed):
@@ -34,6 +36,8 @@
 #define MAX_CONV 8
 #define MAX_LAYERS 64
 #define CFG_LAYER 8 /* ints per block in the config */
+#define MAX_BATCH 16  /* frames per pass of the step: each matrix is read once for up to this many frames */
+#define QUAD_OUT 2048 /* reduced modes: the widest output whose four rows are converted once for all frames */
 
 typedef _Float16 half_t;
 
@@ -76,108 +80,155 @@ typedef struct {
     int half_rings; /* float16 and int8 modes: the key/value rings in float16 */
 } Model;
 
-/* y = b + x W, W [n_in][n_out] row-major; four rows per pass so y is loaded and stored a quarter as often. */
-static void gemv(float *restrict y, const float *restrict x, const float *restrict w, const float *restrict b,
-                 int n_in, int n_out) {
-    memcpy(y, b, sizeof(float) * (size_t)n_out);
+/* Y[f] = b + X[f] W for nf frames, W [n_in][n_out] row-major; X's rows are ldx floats apart (they may overlap:
+ * the pre-encoder's windows), Y's ldy. Four rows of W per pass so y is loaded and stored a quarter as often, and
+ * each pass serves every frame while its rows are in cache: the weights are read once per call, not per frame.
+ * One frame's arithmetic is the same whatever nf is (the same expression, element by element). */
+static void gemv(float *restrict Y, const float *X, const float *restrict w, const float *restrict b, int n_in,
+                 int n_out, int nf, int ldx, int ldy) {
+    for (int f = 0; f < nf; f++) memcpy(Y + (size_t)f * ldy, b, sizeof(float) * (size_t)n_out);
     int i = 0;
     for (; i + 4 <= n_in; i += 4) {
-        const float a0 = x[i], a1 = x[i + 1], a2 = x[i + 2], a3 = x[i + 3];
         const float *restrict w0 = w + (size_t)i * n_out;
         const float *restrict w1 = w0 + n_out;
         const float *restrict w2 = w1 + n_out;
         const float *restrict w3 = w2 + n_out;
-        for (int o = 0; o < n_out; o++) y[o] += a0 * w0[o] + a1 * w1[o] + a2 * w2[o] + a3 * w3[o];
+        for (int f = 0; f < nf; f++) {
+            const float *x = X + (size_t)f * ldx;
+            float *restrict y = Y + (size_t)f * ldy;
+            const float a0 = x[i], a1 = x[i + 1], a2 = x[i + 2], a3 = x[i + 3];
+            for (int o = 0; o < n_out; o++) y[o] += a0 * w0[o] + a1 * w1[o] + a2 * w2[o] + a3 * w3[o];
+        }
     }
     for (; i < n_in; i++) {
-        const float a = x[i];
         const float *restrict w0 = w + (size_t)i * n_out;
-        for (int o = 0; o < n_out; o++) y[o] += a * w0[o];
+        for (int f = 0; f < nf; f++) {
+            const float a = X[(size_t)f * ldx + i];
+            float *restrict y = Y + (size_t)f * ldy;
+            for (int o = 0; o < n_out; o++) y[o] += a * w0[o];
+        }
     }
 }
 
 #if defined(__AVX512F__)
-/* The AVX-512 loop of gemv16 and gemv8: y[o] += sum of x[i..i+4) W[i..i+4)[o] four rows per pass (as in gemv),
- * W's elements of type T loaded 16 at a time as floats by LOAD(pointer); leaves i at the first row not done. */
-#define ROWS4_AVX512(T, LOAD)                                                                                   \
-    for (; i + 4 <= n_in; i += 4) {                                                                             \
-        const __m512 a0 = _mm512_set1_ps(x[i]), a1 = _mm512_set1_ps(x[i + 1]);                                 \
-        const __m512 a2 = _mm512_set1_ps(x[i + 2]), a3 = _mm512_set1_ps(x[i + 3]);                             \
-        const T *w0 = w + (size_t)i * n_out, *w1 = w0 + n_out, *w2 = w1 + n_out, *w3 = w2 + n_out;             \
+/* The AVX-512 pass of gemv16 and gemv8 for one frame: y[o] += sum of x[i..i+4) w0..w3[o], the rows' elements of
+ * type T loaded 16 at a time as floats by LOAD(pointer). */
+#define QUAD_AVX512(T, LOAD, x, y, w0, w1, w2, w3)                                                              \
+    do {                                                                                                        \
+        const __m512 a0 = _mm512_set1_ps((x)[i]), a1 = _mm512_set1_ps((x)[i + 1]);                             \
+        const __m512 a2 = _mm512_set1_ps((x)[i + 2]), a3 = _mm512_set1_ps((x)[i + 3]);                         \
         int o = 0;                                                                                              \
         for (; o + 16 <= n_out; o += 16) {                                                                      \
-            __m512 acc = _mm512_loadu_ps(y + o);                                                                \
-            acc = _mm512_fmadd_ps(a0, LOAD(w0 + o), acc);                                                       \
-            acc = _mm512_fmadd_ps(a1, LOAD(w1 + o), acc);                                                       \
-            acc = _mm512_fmadd_ps(a2, LOAD(w2 + o), acc);                                                       \
-            acc = _mm512_fmadd_ps(a3, LOAD(w3 + o), acc);                                                       \
-            _mm512_storeu_ps(y + o, acc);                                                                       \
+            __m512 acc = _mm512_loadu_ps((y) + o);                                                              \
+            acc = _mm512_fmadd_ps(a0, LOAD((w0) + o), acc);                                                     \
+            acc = _mm512_fmadd_ps(a1, LOAD((w1) + o), acc);                                                     \
+            acc = _mm512_fmadd_ps(a2, LOAD((w2) + o), acc);                                                     \
+            acc = _mm512_fmadd_ps(a3, LOAD((w3) + o), acc);                                                     \
+            _mm512_storeu_ps((y) + o, acc);                                                                     \
         }                                                                                                       \
         for (; o < n_out; o++)                                                                                  \
-            y[o] += x[i] * (float)w0[o] + x[i + 1] * (float)w1[o] + x[i + 2] * (float)w2[o] +                   \
-                    x[i + 3] * (float)w3[o];                                                                    \
+            (y)[o] += (x)[i] * (float)(w0)[o] + (x)[i + 1] * (float)(w1)[o] + (x)[i + 2] * (float)(w2)[o] +     \
+                      (x)[i + 3] * (float)(w3)[o];                                                              \
+    } while (0)
+/* every four rows of W (elements of type T) for nf frames: one frame reads them as it goes; more frames convert
+ * the four rows to floats once (exactly: float16 and int8 values are floats) and run the same pass on them, so
+ * a frame's result does not depend on nf; leaves i at the first row not done */
+#define ROWS4_AVX512(T, LOAD, CONVERT)                                                                          \
+    for (; i + 4 <= n_in; i += 4) {                                                                             \
+        const T *w0 = w + (size_t)i * n_out, *w1 = w0 + n_out, *w2 = w1 + n_out, *w3 = w2 + n_out;             \
+        if (nf == 1 || n_out > QUAD_OUT) {                                                                      \
+            for (int f = 0; f < nf; f++)                                                                        \
+                QUAD_AVX512(T, LOAD, X + (size_t)f * ldx, Y + (size_t)f * ldy, w0, w1, w2, w3);                 \
+            continue;                                                                                           \
+        }                                                                                                       \
+        float *c0 = quad, *c1 = c0 + n_out, *c2 = c1 + n_out, *c3 = c2 + n_out;                                 \
+        CONVERT(c0, w0);                                                                                        \
+        CONVERT(c1, w1);                                                                                        \
+        CONVERT(c2, w2);                                                                                        \
+        CONVERT(c3, w3);                                                                                        \
+        for (int f = 0; f < nf; f++)                                                                            \
+            QUAD_AVX512(float, _mm512_loadu_ps, X + (size_t)f * ldx, Y + (size_t)f * ldy, c0, c1, c2, c3);      \
     }
 #define LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define LOAD_I8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#define CONVERT_ROW(LOAD, dst, src)                                                                             \
+    do {                                                                                                        \
+        int o_ = 0;                                                                                             \
+        for (; o_ + 16 <= n_out; o_ += 16) _mm512_storeu_ps((dst) + o_, LOAD((src) + o_));                      \
+        for (; o_ < n_out; o_++) (dst)[o_] = (float)(src)[o_];                                                  \
+    } while (0)
+#define CONVERT_F16(dst, src) CONVERT_ROW(LOAD_F16, dst, src)
+#define CONVERT_I8(dst, src) CONVERT_ROW(LOAD_I8, dst, src)
 #endif
 
 /* gemv with float16 weights: half the bytes to read, converted to float32 as they are loaded (F16C / AVX-512
  * conversions where the compiler targets them; compilers do not vectorise the conversion loop by themselves) */
-static void gemv16(float *restrict y, const float *restrict x, const half_t *restrict w, const float *restrict b,
-                   int n_in, int n_out) {
-    memcpy(y, b, sizeof(float) * (size_t)n_out);
+static void gemv16(float *restrict Y, const float *X, const half_t *restrict w, const float *restrict b, int n_in,
+                   int n_out, int nf, int ldx, int ldy, float *restrict quad) {
+    for (int f = 0; f < nf; f++) memcpy(Y + (size_t)f * ldy, b, sizeof(float) * (size_t)n_out);
     int i = 0;
 #if defined(__AVX512F__)
-    ROWS4_AVX512(half_t, LOAD_F16)
+    ROWS4_AVX512(half_t, LOAD_F16, CONVERT_F16)
+#else
+    (void)quad;
 #endif
     for (; i < n_in; i++) {
-        const float a = x[i];
         const half_t *restrict w0 = w + (size_t)i * n_out;
-        int o = 0;
+        for (int f = 0; f < nf; f++) {
+            const float a = X[(size_t)f * ldx + i];
+            float *restrict y = Y + (size_t)f * ldy;
+            int o = 0;
 #if defined(__F16C__) && defined(__FMA__)
-        const __m256 va = _mm256_set1_ps(a);
-        for (; o + 8 <= n_out; o += 8) {
-            const __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w0 + o)));
-            _mm256_storeu_ps(y + o, _mm256_fmadd_ps(va, wv, _mm256_loadu_ps(y + o)));
-        }
+            const __m256 va = _mm256_set1_ps(a);
+            for (; o + 8 <= n_out; o += 8) {
+                const __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w0 + o)));
+                _mm256_storeu_ps(y + o, _mm256_fmadd_ps(va, wv, _mm256_loadu_ps(y + o)));
+            }
 #endif
-        for (; o < n_out; o++) y[o] += a * (float)w0[o];
+            for (; o < n_out; o++) y[o] += a * (float)w0[o];
+        }
     }
 }
 
 /* gemv with int8 weights and one float scale per output: y = b + scale * (x q), a quarter of float32's bytes */
-static void gemv8(float *restrict y, const float *restrict x, const int8_t *restrict w, const float *restrict scale,
-                  const float *restrict b, int n_in, int n_out) {
-    memset(y, 0, sizeof(float) * (size_t)n_out);
+static void gemv8(float *restrict Y, const float *X, const int8_t *restrict w, const float *restrict scale,
+                  const float *restrict b, int n_in, int n_out, int nf, int ldx, int ldy, float *restrict quad) {
+    for (int f = 0; f < nf; f++) memset(Y + (size_t)f * ldy, 0, sizeof(float) * (size_t)n_out);
     int i = 0;
 #if defined(__AVX512F__)
-    ROWS4_AVX512(int8_t, LOAD_I8)
+    ROWS4_AVX512(int8_t, LOAD_I8, CONVERT_I8)
+#else
+    (void)quad;
 #endif
     for (; i < n_in; i++) {
-        const float a = x[i];
         const int8_t *restrict w0 = w + (size_t)i * n_out;
-        for (int o = 0; o < n_out; o++) y[o] += a * (float)w0[o];
+        for (int f = 0; f < nf; f++) {
+            const float a = X[(size_t)f * ldx + i];
+            float *restrict y = Y + (size_t)f * ldy;
+            for (int o = 0; o < n_out; o++) y[o] += a * (float)w0[o];
+        }
     }
-    for (int o = 0; o < n_out; o++) y[o] = b[o] + scale[o] * y[o];
+    for (int f = 0; f < nf; f++) {
+        float *restrict y = Y + (size_t)f * ldy;
+        for (int o = 0; o < n_out; o++) y[o] = b[o] + scale[o] * y[o];
+    }
 }
 
-/* each group's slice x[g] (n_in) -> y[g] (n_out) */
-static void group_linear(const GroupLinear *m, const float *x, float *y) {
-    if (m->q) {
-        for (int g = 0; g < m->groups; g++)
-            gemv8(y + (size_t)g * m->n_out, x + (size_t)g * m->n_in, m->q + (size_t)g * m->n_in * m->n_out,
-                  m->scale + (size_t)g * m->n_out, m->b + (size_t)g * m->n_out, m->n_in, m->n_out);
-        return;
+/* each group's slice of nf frames, X [nf] rows ldx apart -> Y [nf] rows ldy apart (a frame's groups side by
+ * side: x[g] is n_in wide, y[g] n_out) */
+static void group_linear(const GroupLinear *m, const float *X, float *Y, int nf, int ldx, int ldy) {
+    float quad[4 * QUAD_OUT]; /* the reduced modes' four converted rows */
+    for (int g = 0; g < m->groups; g++) {
+        const float *x = X + (size_t)g * m->n_in;
+        float *y = Y + (size_t)g * m->n_out;
+        const size_t wo = (size_t)g * m->n_in * m->n_out, bo = (size_t)g * m->n_out;
+        if (m->q)
+            gemv8(y, x, m->q + wo, m->scale + bo, m->b + bo, m->n_in, m->n_out, nf, ldx, ldy, quad);
+        else if (m->h)
+            gemv16(y, x, m->h + wo, m->b + bo, m->n_in, m->n_out, nf, ldx, ldy, quad);
+        else
+            gemv(y, x, m->w + wo, m->b + bo, m->n_in, m->n_out, nf, ldx, ldy);
     }
-    if (m->h) {
-        for (int g = 0; g < m->groups; g++)
-            gemv16(y + (size_t)g * m->n_out, x + (size_t)g * m->n_in, m->h + (size_t)g * m->n_in * m->n_out,
-                   m->b + (size_t)g * m->n_out, m->n_in, m->n_out);
-        return;
-    }
-    for (int g = 0; g < m->groups; g++)
-        gemv(y + (size_t)g * m->n_out, x + (size_t)g * m->n_in, m->w + (size_t)g * m->n_in * m->n_out,
-             m->b + (size_t)g * m->n_out, m->n_in, m->n_out);
 }
 
 /* LayerNorm of each of `groups` slices of n (statistics in double), gain and bias of the whole width */
@@ -423,8 +474,9 @@ void *tim_model_new(const int32_t *ci, const float *cf, const float *weights, in
     m->residual = ci[p++];
     if (m->d != m->ch_out[m->n_conv - 1] || m->n_layers < 0 || m->n_layers > MAX_LAYERS || m->context < 1)
         goto fail;
-    int64_t pre = 0, work = 0; /* the pre-encoder's windows and outputs, one after the other */
-    for (int i = 0; i < m->n_conv; i++) pre += (int64_t)m->kernel * m->ch_in[i] + m->ch_out[i];
+    const int64_t B = MAX_BATCH;
+    int64_t pre = 0, work = 0; /* the pre-encoder's inputs after their caches, one conv's after the other */
+    for (int i = 0; i < m->n_conv; i++) pre += (m->kernel - 1 + B) * m->ch_in[i];
     for (int j = 0; j < m->n_layers; j++) {
         Block *b = &m->blocks[j];
         const int32_t *c = ci + p + j * CFG_LAYER;
@@ -462,23 +514,25 @@ void *tim_model_new(const int32_t *ci, const float *cf, const float *weights, in
             m->n_maps++;
             m->map_groups = G;
         }
-        /* block_step's work: joint q/k/v (+ scores), attention out, update, scores over the ring, then the
-         * inter-mechanism q/k/v and outputs or the FFN's inner layer */
+        /* block_step's work for MAX_BATCH frames: joint q/k/v (+ scores), attention out, update, then the
+         * inter-mechanism q/k/v and outputs or the FFN's inner layer; and the scores over the ring */
         int64_t inner = 4 * (int64_t)G * iw > b->d_ff ? 4 * (int64_t)G * iw : b->d_ff;
-        int64_t need = (int64_t)G * (s + 3 * dm) + 2 * (int64_t)d + m->context + 1 + inner;
+        int64_t need = B * ((int64_t)G * (s + 3 * dm) + 2 * (int64_t)d + inner) + m->context + 1;
         if (need > work) work = need;
     }
     m->head = take_linear(&cur, &total, 1, m->d, m->n_bins);
     m->state_floats = state;
-    m->step_work = (int64_t)m->d + m->n_bins + (pre > work ? pre : work);
+    m->step_work = B * m->d + m->n_bins + (pre > work ? pre : work); /* hidden states, previous input, ... */
     m->weight_floats = total;
     m->weight_bytes = 4 * total;
     m->n_fft = 2 * (m->n_bins - 1);
     m->hop = m->n_fft / 2;
     m->window = cf + 2 + m->n_layers;
     if (m->n_fft < 4 || (m->n_fft & (m->n_fft - 1))) goto fail; /* the radix-2 FFT */
-    /* tim_frames' work after the step's: the FFT's doubles (aligned), a frame, features, a spectrum, an output */
-    m->work_floats = ((m->step_work + 1) & ~(int64_t)1) + 4 * (int64_t)m->n_fft + m->n_fft + 4 * (int64_t)m->n_bins;
+    /* tim_frames' work after the step's: the FFT's doubles (aligned), a frame, then per frame of a batch its
+     * features, output and spectrum (and the spectrum of the frame before the batch) */
+    m->work_floats = ((m->step_work + 1) & ~(int64_t)1) + 4 * (int64_t)m->n_fft + m->n_fft +
+                     B * 2 * (int64_t)m->n_bins + (B + 1) * 2 * (int64_t)m->n_bins;
     m->tw_re = malloc(sizeof(double) * (size_t)m->n_fft);
     m->rev = malloc(sizeof(int) * (size_t)m->n_fft);
     if (!m->tw_re || !m->rev) goto fail;
@@ -524,24 +578,12 @@ void tim_sizes(const void *mp, int64_t *out) {
     out[5] = m->weight_bytes;
 }
 
-/* one block on the hidden state h [d] of frame `done` (frames before it sit in the rings), in place */
-static void block_step(const Model *m, const Block *b, float *h, float *state, int64_t done, float *work,
-                       float **maps) {
+/* the attention of one frame over the rings (its joint projection qkv [G][s + 3 dm]), heads side by side in att
+ * [d]; the frame (number `done`) is then written into the rings' oldest slot. score: [C + 1] of work */
+static void attend(const Model *m, const Block *b, const float *qkv, float *att, float *state, int64_t done,
+                   float *score) {
     const int G = b->groups, d = m->d, dm = d / G, s = b->competition ? 1 : 0, H = b->heads, Dh = d / H;
     const int hpg = H / G, C = m->context, row = s + 3 * dm;
-    float *qkv = work;                         /* [G][s + 3 dm] */
-    float *att = qkv + (size_t)G * row;        /* [d] */
-    float *upd = att + d;                      /* [d] */
-    float *score = upd + d;                    /* [C + 1] */
-    float *tmp = score + C + 1;                /* inter / ffn */
-    float comp[64];
-    group_linear(&b->qkv, h, qkv);
-    if (b->competition) {
-        for (int g = 0; g < G; g++) comp[g] = qkv[(size_t)g * row];
-        softmax(comp, G);
-        memcpy(*maps, comp, sizeof(float) * (size_t)G);
-        *maps += G;
-    }
     const int n_past = done < C ? (int)done : C, slot = (int)(done % C);
     const float scale = 1.0f / sqrtf((float)Dh);
     float *K = state + b->k_off, *V = state + b->v_off;
@@ -589,90 +631,126 @@ static void block_step(const Model *m, const Block *b, float *h, float *state, i
         for (int i = 0; i < Dh; i++) Kh[(size_t)i * C + slot] = kn[i]; /* this frame into the oldest slot */
         memcpy(Vh + (size_t)slot * Dh, vn, sizeof(float) * (size_t)Dh);
     }
-    group_linear(&b->o, att, upd);
-    for (int g = 0; g < G; g++) {
-        const float c = b->competition ? comp[g] : 1.0f;
-        for (int i = 0; i < dm; i++) h[g * dm + i] += c * upd[g * dm + i];
-    }
-    layer_norm(h, G, dm, &b->norm1, m->eps);
-    if (b->tim) {
-        const int IH = b->inter_heads, ID = b->inter_dim, iw = IH * ID;
-        float *iqkv = tmp, *iy = iqkv + (size_t)G * 3 * iw; /* [G][3 iw], [G][iw] */
-        group_linear(&b->inter_qkv, h, iqkv);
-        const float iscale = 1.0f / sqrtf((float)ID);
-        for (int a = 0; a < IH; a++)
-            for (int g = 0; g < G; g++) {
-                float sc[64];
-                const float *q = iqkv + (size_t)g * 3 * iw + a * ID;
-                for (int g2 = 0; g2 < G; g2++) {
-                    const float *k = iqkv + (size_t)g2 * 3 * iw + iw + a * ID;
-                    float acc2 = 0.0f;
-                    for (int i = 0; i < ID; i++) acc2 += (q[i] * iscale) * k[i];
-                    sc[g2] = acc2;
-                }
-                softmax(sc, G);
-                float *y = iy + (size_t)g * iw + a * ID;
-                for (int i = 0; i < ID; i++) y[i] = 0.0f;
-                for (int g2 = 0; g2 < G; g2++) {
-                    const float *v = iqkv + (size_t)g2 * 3 * iw + 2 * iw + a * ID;
-                    for (int i = 0; i < ID; i++) y[i] += sc[g2] * v[i];
-                }
-            }
-        group_linear(&b->inter_o, iy, upd);
-        for (int i = 0; i < d; i++) h[i] += upd[i];
-        layer_norm(h, G, dm, &b->norm_inter, m->eps);
-    }
-    float *f = tmp; /* [d_ff] */
-    group_linear(&b->ffn_in, h, f);
-    leaky(f, b->d_ff, b->slope);
-    group_linear(&b->ffn_out, f, upd);
-    for (int i = 0; i < d; i++) h[i] += upd[i];
-    layer_norm(h, G, dm, &b->norm_ffn, m->eps);
 }
 
-/* n frames of features feats [n][F] through the step; writes the output frames' log magnitudes [m][F] and,
- * with maps != NULL, their competition scores [m][n_maps][G]; returns m (n, or n - 1 at a stream's first call:
- * frame 0 waits for its lookahead frame). min_gain < 0: no attenuation floor. */
-int tim_step(const void *mp, float *state, int64_t *counters, float *work, const float *feats, int n,
-             float min_gain, float *out, float *maps) {
-    const Model *m = mp;
-    const int F = m->n_bins, k = m->kernel;
-    int produced = 0;
-    float *h = work, *prev = h + m->d, *win = prev + F; /* prev: the input frame t - 1 (residual, floor) */
-    for (int t = 0; t < n; t++) {
-        const float *x = feats + (size_t)t * F;
-        float *cache0 = state + m->conv_off[0];
-        if (!counters[0]) { /* frame 0: into conv 0's cache only */
-            memmove(cache0, cache0 + F, sizeof(float) * (size_t)(k - 2) * F);
-            memcpy(cache0 + (size_t)(k - 2) * F, x, sizeof(float) * (size_t)F);
-            counters[0] = 1;
-            continue;
+/* the inter-mechanism attention of one frame: iqkv [G][3 iw] -> iy [G][iw] */
+static void inter_attend(const Block *b, const float *iqkv, float *iy) {
+    const int G = b->groups, IH = b->inter_heads, ID = b->inter_dim, iw = IH * ID;
+    const float iscale = 1.0f / sqrtf((float)ID);
+    for (int a = 0; a < IH; a++)
+        for (int g = 0; g < G; g++) {
+            float sc[64];
+            const float *q = iqkv + (size_t)g * 3 * iw + a * ID;
+            for (int g2 = 0; g2 < G; g2++) {
+                const float *k = iqkv + (size_t)g2 * 3 * iw + iw + a * ID;
+                float acc2 = 0.0f;
+                for (int i = 0; i < ID; i++) acc2 += (q[i] * iscale) * k[i];
+                sc[g2] = acc2;
+            }
+            softmax(sc, G);
+            float *y = iy + (size_t)g * iw + a * ID;
+            for (int i = 0; i < ID; i++) y[i] = 0.0f;
+            for (int g2 = 0; g2 < G; g2++) {
+                const float *v = iqkv + (size_t)g2 * 3 * iw + 2 * iw + a * ID;
+                for (int i = 0; i < ID; i++) y[i] += sc[g2] * v[i];
+            }
         }
-        memcpy(prev, cache0 + (size_t)(k - 2) * F, sizeof(float) * (size_t)F);
-        const float *in = x;
-        float *y = NULL;
-        float *buf = win;
-        for (int i = 0; i < m->n_conv; i++) {
-            const int ci = m->ch_in[i], co = m->ch_out[i];
-            float *cache = state + m->conv_off[i];
-            float *window = buf, *yo = buf + (size_t)k * ci; /* frames t - 2, t - 1, t; then the output */
-            memcpy(window, cache, sizeof(float) * (size_t)(k - 1) * ci);
-            memcpy(window + (size_t)(k - 1) * ci, in, sizeof(float) * (size_t)ci);
-            group_linear(&m->conv[i], window, yo);
-            layer_norm(yo, 1, co, &m->conv_norm[i], m->eps);
-            leaky(yo, co, m->conv_slope);
-            memcpy(cache, window + ci, sizeof(float) * (size_t)(k - 1) * ci); /* shift the cache */
-            in = y = yo;
-            buf = yo + co;
+}
+
+/* one block on the hidden states H [nf][d] of frames done .. done + nf - 1 (the frames before them sit in the
+ * rings), in place. The matrix products take all nf frames at once; the attention goes frame by frame, each
+ * frame's keys and values written before the next frame attends. maps (or NULL): this block's competition
+ * scores of the first frame, the next frame's map_stride floats on. */
+static void block_step(const Model *m, const Block *b, float *H, int nf, float *state, int64_t done, float *work,
+                       float *maps, int map_stride) {
+    const int G = b->groups, d = m->d, dm = d / G, s = b->competition ? 1 : 0;
+    const int C = m->context, row = s + 3 * dm;
+    float *qkv = work;                          /* [nf][G][s + 3 dm] */
+    float *att = qkv + (size_t)nf * G * row;    /* [nf][d] */
+    float *upd = att + (size_t)nf * d;          /* [nf][d] */
+    float *score = upd + (size_t)nf * d;        /* [C + 1] */
+    float *tmp = score + C + 1;                 /* [nf] x (inter-mechanism q/k/v and outputs, or the FFN's inner layer) */
+    float comp[MAX_BATCH][64];
+    group_linear(&b->qkv, H, qkv, nf, d, G * row);
+    for (int f = 0; f < nf; f++) {
+        for (int g = 0; g < G; g++) comp[f][g] = b->competition ? qkv[(size_t)f * G * row + (size_t)g * row] : 1.0f;
+        if (!b->competition) continue;
+        softmax(comp[f], G);
+        if (maps) memcpy(maps + (size_t)f * map_stride, comp[f], sizeof(float) * (size_t)G);
+    }
+    for (int f = 0; f < nf; f++) attend(m, b, qkv + (size_t)f * G * row, att + (size_t)f * d, state, done + f, score);
+    group_linear(&b->o, att, upd, nf, d, d);
+    for (int f = 0; f < nf; f++) {
+        float *h = H + (size_t)f * d;
+        const float *u = upd + (size_t)f * d;
+        for (int g = 0; g < G; g++)
+            for (int i = 0; i < dm; i++) h[g * dm + i] += comp[f][g] * u[g * dm + i];
+        layer_norm(h, G, dm, &b->norm1, m->eps);
+    }
+    if (b->tim) {
+        const int iw = b->inter_heads * b->inter_dim;
+        float *iqkv = tmp, *iy = iqkv + (size_t)nf * G * 3 * iw; /* [nf][G][3 iw], [nf][G][iw] */
+        group_linear(&b->inter_qkv, H, iqkv, nf, d, G * 3 * iw);
+        for (int f = 0; f < nf; f++) inter_attend(b, iqkv + (size_t)f * G * 3 * iw, iy + (size_t)f * G * iw);
+        group_linear(&b->inter_o, iy, upd, nf, G * iw, d);
+        for (int f = 0; f < nf; f++) {
+            float *h = H + (size_t)f * d;
+            for (int i = 0; i < d; i++) h[i] += upd[(size_t)f * d + i];
+            layer_norm(h, G, dm, &b->norm_inter, m->eps);
         }
-        memcpy(h, y, sizeof(float) * (size_t)m->d);
-        const int64_t done = counters[1];
-        float scratch_maps[64 * MAX_LAYERS];
-        float *mc = maps ? maps + (size_t)produced * m->n_maps * m->map_groups : scratch_maps;
-        for (int j = 0; j < m->n_layers; j++) /* the pre-encoder's space is free again */
-            block_step(m, &m->blocks[j], h, state, done, win, &mc);
-        float *o = out + (size_t)produced * F;
-        group_linear(&m->head, h, o);
+    }
+    float *ff = tmp; /* [nf][d_ff] */
+    group_linear(&b->ffn_in, H, ff, nf, d, b->d_ff);
+    leaky(ff, nf * b->d_ff, b->slope);
+    group_linear(&b->ffn_out, ff, upd, nf, b->d_ff, d);
+    for (int f = 0; f < nf; f++) {
+        float *h = H + (size_t)f * d;
+        for (int i = 0; i < d; i++) h[i] += upd[(size_t)f * d + i];
+        layer_norm(h, G, dm, &b->norm_ffn, m->eps);
+    }
+}
+
+/* nf (<= MAX_BATCH) frames of features feats [nf][F], none of them a stream's frame 0, through the pre-encoder,
+ * the blocks and the output stage: out [nf][F], maps (or NULL) [nf][n_maps][G] */
+static void step_frames(const Model *m, float *state, int64_t *counters, float *work, const float *feats, int nf,
+                        float min_gain, float *out, float *maps) {
+    const int F = m->n_bins, k = m->kernel, d = m->d;
+    float *H = work;                   /* [nf][d] */
+    float *prev0 = H + (size_t)nf * d; /* [F]: the input frame before the first (residual, floor) */
+    float *rest = prev0 + F;
+    float *cache0 = state + m->conv_off[0];
+    memcpy(prev0, cache0 + (size_t)(k - 2) * F, sizeof(float) * (size_t)F);
+    /* conv i reads seq = [its cache: k - 1 frames][the nf new frames]: frame f's window is the k ci floats from
+     * seq + f ci. Each conv writes its output frames straight after the next conv's cache (the last into H). */
+    float *seq = rest;
+    memcpy(seq + (size_t)(k - 1) * F, feats, sizeof(float) * (size_t)nf * F);
+    for (int i = 0; i < m->n_conv; i++) {
+        const int ci = m->ch_in[i], co = m->ch_out[i];
+        float *cache = state + m->conv_off[i];
+        float *next = seq + (size_t)(k - 1 + nf) * ci;
+        float *y = i + 1 < m->n_conv ? next + (size_t)(k - 1) * co : H;
+        memcpy(seq, cache, sizeof(float) * (size_t)(k - 1) * ci);
+        group_linear(&m->conv[i], seq, y, nf, ci, co);
+        for (int f = 0; f < nf; f++) {
+            layer_norm(y + (size_t)f * co, 1, co, &m->conv_norm[i], m->eps);
+            leaky(y + (size_t)f * co, co, m->conv_slope);
+        }
+        memcpy(cache, seq + (size_t)nf * ci, sizeof(float) * (size_t)(k - 1) * ci); /* its last k - 1 frames */
+        seq = next;
+    }
+    const int64_t done = counters[1];
+    const int stride = m->n_maps * m->map_groups;
+    int map = 0;
+    for (int j = 0; j < m->n_layers; j++) { /* the pre-encoder's space is free again */
+        const Block *b = &m->blocks[j];
+        block_step(m, b, H, nf, state, done, rest, maps && b->competition ? maps + (size_t)map * m->map_groups : NULL,
+                   stride);
+        map += b->competition;
+    }
+    group_linear(&m->head, H, out, nf, d, F);
+    for (int t = 0; t < nf; t++) {
+        const float *prev = t ? feats + (size_t)(t - 1) * F : prev0;
+        float *o = out + (size_t)t * F;
         for (int f = 0; f < F; f++) {
             float v;
             if (m->residual) {
@@ -687,8 +765,33 @@ int tim_step(const void *mp, float *state, int64_t *counters, float *work, const
             }
             o[f] = v;
         }
-        counters[1] = done + 1;
-        produced++;
+    }
+    counters[1] = done + nf;
+}
+
+/* n frames of features feats [n][F] through the step; writes the output frames' log magnitudes [m][F] and,
+ * with maps != NULL, their competition scores [m][n_maps][G]; returns m (n, or n - 1 at a stream's first call:
+ * frame 0 waits for its lookahead frame). min_gain < 0: no attenuation floor. Up to MAX_BATCH frames go through
+ * together (each weight read once for all of them); the result does not depend on how frames are split into
+ * calls. */
+int tim_step(const void *mp, float *state, int64_t *counters, float *work, const float *feats, int n,
+             float min_gain, float *out, float *maps) {
+    const Model *m = mp;
+    const int F = m->n_bins, k = m->kernel;
+    int t = 0, produced = 0;
+    if (n > 0 && !counters[0]) { /* frame 0: into conv 0's cache only */
+        float *cache0 = state + m->conv_off[0];
+        memmove(cache0, cache0 + F, sizeof(float) * (size_t)(k - 2) * F);
+        memcpy(cache0 + (size_t)(k - 2) * F, feats, sizeof(float) * (size_t)F);
+        counters[0] = 1;
+        t = 1;
+    }
+    while (t < n) {
+        const int nf = n - t < MAX_BATCH ? n - t : MAX_BATCH;
+        step_frames(m, state, counters, work, feats + (size_t)t * F, nf, min_gain, out + (size_t)produced * F,
+                    maps ? maps + (size_t)produced * m->n_maps * m->map_groups : NULL);
+        t += nf;
+        produced += nf;
     }
     return produced;
 }
@@ -766,31 +869,44 @@ static void synthesise(const Model *m, const float *log_mag, const float *spec, 
  * its noisy phase and overlap-added. final: the stream's end (the zero lookahead frame after the last one).
  * pending [F][2]: the spectrum of the frame waiting for its output (the lookahead; read and written), tail
  * [n_fft - hop]: the overlap-add tail (read and written). Writes hop final samples per output frame into out
- * [m][hop] and, with maps, their competition scores [m][n_maps][G]; returns m. */
+ * [m][hop] and, with maps, their competition scores [m][n_maps][G]; returns m. Frames go through the step up to
+ * MAX_BATCH at a time. */
 int tim_frames(const void *mp, float *state, int64_t *counters, float *work, const float *samples, int n,
                int final, float min_gain, float *pending, float *tail, float *out, float *maps) {
     const Model *m = mp;
-    const int F = m->n_bins, N = m->n_fft, hop = m->hop, ov = N - hop;
+    const int F = m->n_bins, N = m->n_fft, hop = m->hop, ov = N - hop, B = MAX_BATCH;
     double *re = (double *)(work + ((m->step_work + 1) & ~(int64_t)1)), *im = re + N;
-    float *frame = (float *)(im + N), *feats = frame + N, *log_mag = feats + F, *spec = log_mag + F;
+    float *frame = (float *)(im + N), *feats = frame + N, *log_mag = feats + (size_t)B * F;
+    float *specs = log_mag + (size_t)B * F; /* [B + 1][F][2]: the frame before the batch's first, then its own */
+    const int total = n + (final && (n > 0 || counters[0]) ? 1 : 0); /* with the end's zero frame */
     int produced = 0;
-    for (int t = 0; t <= n; t++) {
-        if (t == n) {
-            if (!final || !counters[0]) break;
-            memset(feats, 0, sizeof(float) * (size_t)F);
-        } else {
-            analyse(m, samples + (size_t)t * hop, spec, feats, re, im);
+    memcpy(specs, pending, sizeof(float) * 2 * (size_t)F);
+    for (int t0 = 0; t0 < total; t0 += B) {
+        const int nb = total - t0 < B ? total - t0 : B;
+        for (int j = 0; j < nb; j++) {
+            float *spec = specs + (size_t)(j + 1) * 2 * F, *x = feats + (size_t)j * F;
+            if (t0 + j < n) {
+                analyse(m, samples + (size_t)(t0 + j) * hop, spec, x, re, im);
+            } else { /* the end's zero frame: its spectrum is never synthesised */
+                memset(x, 0, sizeof(float) * (size_t)F);
+                memset(spec, 0, sizeof(float) * 2 * (size_t)F);
+            }
         }
         float *mp_out = maps ? maps + (size_t)produced * m->n_maps * m->map_groups : NULL;
-        if (tim_step(mp, state, counters, work, feats, 1, min_gain, log_mag, mp_out)) {
-            synthesise(m, log_mag, pending, frame, re, im);
+        const int got = tim_step(mp, state, counters, work, feats, nb, min_gain, log_mag, mp_out);
+        const int skip = nb - got; /* 1 when the batch began with the stream's frame 0 (no output) */
+        for (int j = 0; j < got; j++) {
+            /* output j is the frame before input j + skip, whose spectrum is specs[j + skip] */
+            synthesise(m, log_mag + (size_t)j * F, specs + (size_t)(j + skip) * 2 * F, frame, re, im);
             float *o = out + (size_t)produced * hop;
             for (int i = 0; i < hop; i++) o[i] = tail[i] + frame[i];
             for (int i = 0; i < ov - hop; i++) tail[i] = tail[hop + i] + frame[hop + i];
             for (int i = ov - hop; i < ov; i++) tail[i] = frame[hop + i];
             produced++;
         }
-        if (t < n) memcpy(pending, spec, sizeof(float) * 2 * (size_t)F);
+        if (t0 < n && n <= t0 + nb) /* the last new frame waits for its output (past the end: never read) */
+            memcpy(pending, specs + (size_t)(n - t0) * 2 * F, sizeof(float) * 2 * (size_t)F);
+        memcpy(specs, specs + (size_t)nb * 2 * F, sizeof(float) * 2 * (size_t)F);
     }
     return produced;
 }

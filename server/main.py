@@ -64,9 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--stream-backend",
         choices=BACKENDS,
         default="auto",
-        help="what runs WebSocket streams' 16 ms steps (auto: torchscript on a CPU, else pytorch; native: the step "
-        "in C, fastest per hop, needs a C compiler; native-fp16 / native-int8 / onnxruntime-int8: reduced weights, "
-        "faster, about 73 / 37-46 / 36 dB from the float output)",
+        help="what runs WebSocket streams' 16 ms steps (auto: native, the step in C, where a C compiler is (or a "
+        "build is cached), else torchscript on a CPU, else pytorch; native-fp16 / native-int8 / onnxruntime-int8: "
+        "reduced weights, faster, about 73 / 37-46 / 36 dB from the float output)",
     )
     p.add_argument(
         "--stream-idle-timeout", type=float, default=60.0, help="close a stream silent for this long (s)"

@@ -95,7 +95,7 @@ def load_models(config: ServerConfig) -> dict[str, LoadedModel]:
                 raise CheckpointError(
                     f"model '{name}': stream backend {config.stream_backend}: {exc}"
                 ) from None
-            log.warning("model '%s': no TorchScript step (%s); streams run on PyTorch", name, exc)
+            log.warning("model '%s': no %s step (%s); streams run on PyTorch", name, kind, exc)
             backend, kind = None, "pytorch"
         loaded[name] = LoadedModel(name, ck, source, backend, kind)
 

@@ -56,7 +56,7 @@ class ModelInfo(BaseModel):
     latency_ms: float = Field(description="algorithmic delay of the streaming engine", examples=[48.0])
     stream_backend: str = Field(
         description="what runs this model's WebSocket streams (enhance-server --stream-backend, 'auto' resolved)",
-        examples=["torchscript"],
+        examples=["native"],
     )
 
 

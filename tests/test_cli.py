@@ -257,7 +257,7 @@ def test_usage_errors_exit_2(tmp_path: Path, ckpt: str) -> None:
     assert proc.returncode == 2 and b"--stream-backend needs --stream" in proc.stderr
 
 
-@pytest.mark.parametrize("backend", ["auto", "pytorch", "native", "onnxruntime"])  # auto: torchscript here
+@pytest.mark.parametrize("backend", ["auto", "pytorch", "torchscript", "onnxruntime"])  # auto: native here
 def test_stream_file_mode_equals_offline(tmp_path: Path, ckpt: str, backend: str) -> None:
     if backend == "onnxruntime":
         pytest.importorskip("onnxruntime")

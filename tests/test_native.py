@@ -123,6 +123,32 @@ def test_bare_step_equals_the_model_for_any_split(name: str) -> None:
         stepper.step(feats[:, :1], NativeStepper(model, weights="float16").new_state(2))
 
 
+@pytest.mark.parametrize("weights", ["float32", "float16", "int8"])
+def test_output_does_not_depend_on_the_chunking(weights: str) -> None:
+    """The C step runs up to 16 frames through each matrix product together (the weights read once for all of
+    them); a frame's arithmetic is the same alone or in a batch, so any split of the frames into calls, and any
+    chunking of the engine's samples, gives the same bits. 16-unit heads and 37-frame rings: the reduced modes'
+    converted-rows path and the AVX-512 loops run (where the CPU has them)."""
+    model = _wide_heads()
+    stepper = NativeStepper(model, weights=weights)
+    feats = torch.rand(2, 90, 257) * 3
+    outs = []
+    for sizes in ([1] * 90, [40, 0, 7, 43], [90], [16, 17, 15, 42]):
+        state, parts, i = None, [], 0
+        for n in [*sizes, None]:  # None: the end (the zero lookahead frame)
+            out, state = stepper.step(feats[:, i : i + (n or 0)], state, final=n is None)
+            parts.append(out.log_mag)
+            i += n or 0
+        outs.append(torch.cat(parts, 1))
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    x = (np.random.default_rng(4).standard_normal((1, 12000)) * 0.1).astype(np.float32)
+    ys = [
+        _stream(StreamingEnhancer(model, 1, backend=stepper), x, c)[0]
+        for c in ([256] * 47, [5000, 7000], [12000])
+    ]
+    assert all(np.array_equal(ys[0], y) for y in ys[1:])
+
+
 def test_native_backend_reads_the_attenuation_limit_at_every_call() -> None:
     """Like Enhancer.forward, a limit set after the stepper was made applies (and changes the output)."""
     model = _tiny("tiny", None)
@@ -216,7 +242,7 @@ def test_refuses_models_it_does_not_cover(name: str) -> None:
         NativeStepper(model)
     with pytest.raises(ValueError, match="use --stream-backend pytorch"):
         resolve_backend(model, "native")
-    assert resolve_backend(model, "auto") == "torchscript"  # auto never picks native
+    assert resolve_backend(model, "auto") == "torchscript"  # auto takes native only where it covers the model
     no_lookahead = dataclasses.replace(
         tiny_config(2), pre_encoder=dataclasses.replace(tiny_config(2).pre_encoder, lookahead_frames=0)
     )
@@ -225,7 +251,8 @@ def test_refuses_models_it_does_not_cover(name: str) -> None:
 
 
 def test_without_a_compiler_the_cli_says_so(tmp_path: Path) -> None:
-    """No compiled library in the cache and no compiler: exit 2 with the reason, no output file."""
+    """No compiled library in the cache and no compiler: ``auto`` streams on TorchScript; ``native`` named is exit
+    2 with the reason, no output file."""
     torch.manual_seed(0)
     ck = tmp_path / "tiny.safetensors"
     save_checkpoint(ck, Enhancer(get_config("tiny")), "tiny")
@@ -237,6 +264,13 @@ def test_without_a_compiler_the_cli_says_so(tmp_path: Path) -> None:
         "CC": str(tmp_path / "no-such-cc"),
         "TIM_ENHANCE_CACHE": str(tmp_path / "cache"),
     }
+    # the default backend (auto) falls back to TorchScript: the command works and builds nothing
+    auto = ["--stream", str(src), "-o", str(tmp_path / "auto.wav"), "--checkpoint", str(ck)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "enhance.cli", *auto], capture_output=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert (tmp_path / "auto.wav").exists() and not list(tmp_path.glob("cache/native_step-*.so"))
     args = ["--stream", "--stream-backend", "native", str(src), "-o", str(tmp_path / "o.wav"), "--checkpoint"]
     proc = subprocess.run(
         [sys.executable, "-m", "enhance.cli", *args, str(ck)], capture_output=True, env=env, timeout=300

@@ -336,10 +336,14 @@ def _without_lookahead(cfg):
 def test_backend_choice() -> None:
     from enhance.backends import resolve_backend, streaming_backend
     from enhance.fixed_step import TracedStepper
+    from enhance.native_backend import NativeStepper
 
     model = _model("tiny").float()
-    assert resolve_backend(model, "auto") == "torchscript"
-    assert isinstance(streaming_backend(model, "auto"), TracedStepper)
+    assert (
+        resolve_backend(model, "auto") == "native"
+    )  # a C compiler is here (tests/test_native.py: without one)
+    assert isinstance(streaming_backend(model, "auto"), NativeStepper)
+    assert isinstance(streaming_backend(model, "torchscript"), TracedStepper)
     assert streaming_backend(model, "pytorch") is None
     assert resolve_backend(model.double(), "auto") == "pytorch"  # the fixed step is float32
     unbounded = Enhancer(tiny_config(2, context_frames=0)).eval()
