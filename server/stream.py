@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -104,8 +105,11 @@ class Session:
 
 async def _receive(ws: WebSocket, timeout: float) -> Message:
     try:
+        if sys.version_info >= (3, 11):  # wait_for can swallow a cancellation that races the message (3.11)
+            async with asyncio.timeout(timeout):
+                return await ws.receive()
         return await asyncio.wait_for(ws.receive(), timeout)
-    except asyncio.TimeoutError:
+    except (TimeoutError, asyncio.TimeoutError):
         raise StreamError("idle_timeout", f"no message for {timeout:g} s", POLICY) from None
 
 
@@ -196,9 +200,21 @@ async def _serve(ws: WebSocket) -> str:
     try:
         return await _process(ws, inbox, session, limit)
     finally:
+        await _stop_reader(reader, inbox)
+
+
+async def _stop_reader(reader: asyncio.Task[None], inbox: asyncio.Queue[Message | StreamError]) -> None:
+    """End the reader task whatever it is waiting on. Once the processing stopped (an error), the reader may be
+    blocked putting into the full inbox, where nothing takes from it any more, or it may have lost the
+    cancellation to a message that arrived at the same moment: so empty the inbox and cancel again until it has
+    ended. (A single cancel-and-await hung a stream, and with it the server's shutdown, for good.)"""
+    while not reader.done():
+        while not inbox.empty():
+            inbox.get_nowait()
         reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await reader
+        await asyncio.wait({reader}, timeout=0.05)
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        reader.result()
 
 
 async def _read_into(ws: WebSocket, inbox: asyncio.Queue[Message | StreamError], idle_s: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import io
 import json
@@ -479,6 +480,30 @@ def test_stream_limits(checkpoint: Path) -> None:
             with pytest.raises(ConnectionClosed):
                 idle.recv(timeout=10)
             assert idle.close_code == 1008
+
+
+def test_a_bad_frame_amid_a_flood_still_ends_the_stream(checkpoint: Path) -> None:
+    """A frame that is not whole samples, then frames sent far faster than they are read: the error still comes
+    back and the stream's slot is freed. (The reader task, blocked on the full inbox or having lost its
+    cancellation to a message arriving at the same moment, once kept the stream open for good: with
+    max_streams of them the server refused every stream, and it could not shut down.)"""
+    config = ServerConfig(checkpoints=(str(checkpoint),), threads=1, max_streams=1)
+    with run_server(config) as srv:
+        url = f"{srv.ws_url}/v1/stream"
+        for _ in range(3):  # each time the one slot must be free again
+            with connect(url, open_timeout=30) as ws:
+                _start(ws)
+                ws.send(b"\x00\x01\x02")
+                with contextlib.suppress(ConnectionClosed):  # the server may close before the flood ends
+                    for _ in range(150):
+                        ws.send(bytes(320))
+                    ws.send(json.dumps({"type": "end"}))
+                err = json.loads(ws.recv(timeout=30))
+                assert err["code"] == "bad_frame"
+                with pytest.raises(ConnectionClosed):
+                    while True:  # nothing else comes: the close
+                        ws.recv(timeout=10)
+                assert ws.close_code == 1003
 
 
 # ---------- concurrency, limits, timeouts ----------
