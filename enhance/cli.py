@@ -22,7 +22,9 @@ import argparse
 import glob
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -117,21 +119,47 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def expand_inputs(items: list[str]) -> list[tuple[str, str | None]]:
-    """(path, relative name under its folder or None) for every input; '-' stays '-'."""
+def expand_inputs(items: list[str], output: str | None = None) -> tuple[list[tuple[str, str | None]], int]:
+    """(path, relative name under its folder or None) for every input ('-' stays '-'), and how many files of the
+    folders given were left out as earlier outputs: those under the output folder (``-o`` inside an input
+    folder) and, when outputs go beside their inputs (no ``-o``), the ``*.enhanced.*`` files."""
     out: list[tuple[str, str | None]] = []
+    left_out = 0
+    out_dir = Path(output).resolve() if output not in (None, "-") else None
     for item in items:
         if item == "-":
             out.append(("-", None))
         elif os.path.isdir(item):
             root = Path(item)
             files = sorted(f for f in root.rglob("*") if f.is_file() and f.suffix.lower() in AUDIO_SUFFIXES)
-            out.extend((str(f), str(f.relative_to(root))) for f in files)
+            kept = [f for f in files if not _earlier_output(f, out_dir, output is None)]
+            left_out += len(files) - len(kept)
+            out.extend((str(f), str(f.relative_to(root))) for f in kept)
         elif any(ch in item for ch in "*?[") and not os.path.exists(item):
             out.extend((f, None) for f in sorted(glob.glob(item, recursive=True)) if os.path.isfile(f))
         else:
             out.append((item, None))  # a missing file is reported when it is processed
-    return out
+    return out, left_out
+
+
+def _earlier_output(f: Path, out_dir: Path | None, beside: bool) -> bool:
+    if beside:
+        return f.stem.endswith(".enhanced")
+    return out_dir is not None and out_dir in f.resolve().parents
+
+
+def clashes(targets: list[tuple[str, str]]) -> str | None:
+    """The first output path that two inputs would both write ((input, output) pairs; '-' ignored), as a
+    message, or None."""
+    seen: dict[str, str] = {}
+    for src, dst in targets:
+        if dst == "-":
+            continue
+        key = os.path.normcase(os.path.abspath(dst))
+        if key in seen:
+            return f"{seen[key]} and {src} would both be written to {dst} (give them distinct names)"
+        seen[key] = src
+    return None
 
 
 def output_for(src: str, rel: str | None, output: str | None, many: bool) -> str:
@@ -258,6 +286,15 @@ def run_one(
         progress.close()
 
 
+def map_target(option: str | None, src: str, rel: str | None, many: bool) -> str:
+    """Where ``--competition-map`` puts the map of ``src`` ("" without the option)."""
+    if option is None:
+        return ""
+    if many or option.endswith("/") or os.path.isdir(option):
+        return str(Path(option) / f"{Path(rel or Path(src).name).with_suffix('')}.competition.png")
+    return option
+
+
 def write_competition(path: str, result: FileResult, ck: Checkpoint, src: str) -> None:
     from enhance.competition_map import save_competition_map
 
@@ -265,15 +302,61 @@ def write_competition(path: str, result: FileResult, ck: Checkpoint, src: str) -
     save_competition_map(path, result.competition, ck, src if src != "-" else None)
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    print("enhance-cli: terminated (no partial output is left)", file=sys.stderr)
+    raise SystemExit(128 + signum)
+
+
+def _run_all(
+    ck: Checkpoint,
+    targets: list[tuple[str, str]],
+    maps: list[tuple[str, str]],
+    args: argparse.Namespace,
+    progress: Progress,
+    backend: Any,
+    say: Any,
+    results: list[FileResult],
+) -> None:
+    """Enhance every input in turn, appending to ``results``; one file's failure never stops the batch."""
+    for (src, dst), (_, map_path) in zip(targets, maps, strict=True):
+        try:
+            if args.competition_map and os.path.exists(map_path) and not args.overwrite:
+                raise AudioError(f"{map_path}: competition map exists (use --overwrite)")
+            result = run_one(ck, src, dst, args, progress, backend)
+            if args.competition_map:
+                write_competition(map_path, result, ck, src)
+            say(f"{src} -> {dst} ({result.duration_s:.1f} s audio in {result.wall_seconds:.1f} s)")
+        except Exception as exc:  # one file's failure never stops the batch, and never shows a traceback
+            if isinstance(exc, AudioError):
+                msg = str(exc)
+            elif isinstance(exc, OSError | ValueError):
+                msg = f"{src}: {exc}"
+            else:
+                msg = f"{src}: unexpected {type(exc).__name__}: {exc}"
+            print(f"enhance-cli: error: {msg}", file=sys.stderr)
+            result = FileResult(src, None, False, error=msg)
+        results.append(result)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    inputs = expand_inputs(args.inputs)
+    inputs, left_out = expand_inputs(args.inputs, args.output)
+    if left_out:
+        print(
+            f"enhance-cli: left out {left_out} earlier output file(s) found in the input folders",
+            file=sys.stderr,
+        )
     if not inputs:
         parser.error("no input files matched")
     many = len(inputs) > 1
     if many and args.output == "-":
         parser.error("-o - takes a single input")
+    targets = [(src, output_for(src, rel, args.output, many)) for src, rel in inputs]
+    maps = [(src, map_target(args.competition_map, src, rel, many)) for src, rel in inputs]
+    clash = clashes(targets) or (clashes(maps) if args.competition_map else None)
+    if clash:
+        parser.error(clash)
     if (
         args.competition_map
         and many
@@ -312,28 +395,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     progress = Progress(not args.quiet)
     results: list[FileResult] = []
-    for src, rel in inputs:
-        dst = output_for(src, rel, args.output, many)
-        try:
-            result = run_one(ck, src, dst, args, progress, backend)
-            if args.competition_map:
-                target = args.competition_map
-                if many or target.endswith("/") or os.path.isdir(target):
-                    target = str(
-                        Path(target) / f"{Path(rel or Path(src).name).with_suffix('')}.competition.png"
-                    )
-                write_competition(target, result, ck, src)
-            say(f"{src} -> {dst} ({result.duration_s:.1f} s audio in {result.wall_seconds:.1f} s)")
-        except Exception as exc:  # one file's failure never stops the batch, and never shows a traceback
-            if isinstance(exc, AudioError):
-                msg = str(exc)
-            elif isinstance(exc, OSError | ValueError):
-                msg = f"{src}: {exc}"
-            else:
-                msg = f"{src}: unexpected {type(exc).__name__}: {exc}"
-            print(f"enhance-cli: error: {msg}", file=sys.stderr)
-            result = FileResult(src, None, False, error=msg)
-        results.append(result)
+    if threading.current_thread() is threading.main_thread():  # a kill unwinds too: no temporary file is left
+        signal.signal(signal.SIGTERM, _terminated)
+    try:
+        _run_all(ck, targets, maps, args, progress, backend, say, results)
+    except KeyboardInterrupt:
+        print("enhance-cli: interrupted (no partial output is left)", file=sys.stderr)
+        return 130
     if args.json:
         out = {
             "model": {"name": ck.name, "training": ck.training},

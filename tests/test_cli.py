@@ -368,3 +368,77 @@ def test_max_attenuation_flag_refuses_negative_and_nan(tmp_path: Path, ckpt: str
         proc = cli(str(src), "-o", str(dst), "--checkpoint", ckpt, "--max-attenuation-db", flag)
         assert proc.returncode == 2 and b"at least 0 dB" in proc.stderr
         assert not dst.exists()
+
+
+def test_two_inputs_for_one_output_are_refused_before_anything_is_written(tmp_path: Path, ckpt: str) -> None:
+    """Same-named files from two folders into one output folder: even with --overwrite, the second would replace
+    the first's output, so it is a usage error up front; likewise two competition maps."""
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+        sf.write(tmp_path / sub / "x.wav", noisy(0.5, 16000, seed=len(sub)), 16000)
+    ins = [str(tmp_path / "a" / "x.wav"), str(tmp_path / "b" / "x.wav")]
+    proc = cli(*ins, "-o", str(tmp_path / "out") + "/", "--overwrite", "--checkpoint", ckpt)
+    assert proc.returncode == 2 and b"would both be written to" in proc.stderr
+    assert not (tmp_path / "out").exists()
+    proc = cli(
+        str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(tmp_path / "out") + "/", "--checkpoint", ckpt
+    )  # folders: the same relative names
+    assert proc.returncode == 2 and b"would both be written to" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_existing_competition_map_is_kept_without_overwrite(tmp_path: Path, ckpt: str) -> None:
+    src, dst, maps = tmp_path / "in.wav", tmp_path / "o.wav", tmp_path / "maps.npz"
+    sf.write(src, noisy(0.5, 16000), 16000)
+    maps.write_bytes(b"keep me")
+    proc = cli(str(src), "-o", str(dst), "--competition-map", str(maps), "--checkpoint", ckpt)
+    assert proc.returncode == 1 and b"competition map exists (use --overwrite)" in proc.stderr
+    assert maps.read_bytes() == b"keep me" and not dst.exists()  # refused before any output was written
+    proc = cli(str(src), "-o", str(dst), "--competition-map", str(maps), "--overwrite", "--checkpoint", ckpt)
+    assert proc.returncode == 0 and dst.exists() and np.load(maps)  # replaced when asked
+
+
+def test_rerunning_on_a_folder_does_not_enhance_its_own_outputs(tmp_path: Path, ckpt: str) -> None:
+    """Outputs beside the inputs (x.enhanced.wav) or in an output folder inside the input folder are not taken
+    as inputs by the next run."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    sf.write(tree / "x.wav", noisy(0.5, 16000), 16000)
+    for _ in range(2):
+        proc = cli(str(tree), "--overwrite", "--checkpoint", ckpt)
+        assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in tree.iterdir()) == ["x.enhanced.wav", "x.wav"]
+    assert b"left out 1 earlier output" in proc.stderr
+    for _ in range(2):
+        proc = cli(str(tree), "-o", str(tree / "out") + "/", "--overwrite", "--checkpoint", ckpt)
+        assert proc.returncode == 0, proc.stderr
+    assert sorted(p.relative_to(tree / "out").as_posix() for p in (tree / "out").rglob("*")) == [
+        "x.enhanced.wav",
+        "x.wav",
+    ]  # the beside-the-input output of the first runs is an input here (its name is all it has)
+
+
+def test_a_killed_run_leaves_no_temporary_file(tmp_path: Path, ckpt: str) -> None:
+    """SIGTERM (timeout, kill) in the middle of writing: the temporary output is removed, exit 128 + 15; Ctrl-C
+    (SIGINT) is a one-line message and exit 130, not a traceback."""
+    import signal
+    import time
+
+    src = tmp_path / "long.wav"
+    sf.write(src, noisy(240.0, 16000), 16000)
+    for sig, code, said in ((signal.SIGTERM, 143, b"terminated"), (signal.SIGINT, 130, b"interrupted")):
+        out = tmp_path / f"out-{code}"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "enhance.cli", str(src), "-o", str(out / "o.wav"), "--checkpoint", ckpt],
+            env=ENV,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 120
+        while not list(out.glob(".o.wav.*.tmp")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert list(out.glob(".o.wav.*.tmp")), "the run ended before its output was being written"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == code, err
+        assert said in err and b"Traceback" not in err
+        assert list(out.iterdir()) == []
