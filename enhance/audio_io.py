@@ -202,8 +202,13 @@ def _format_from_suffix(suffix: str) -> str:
     fmt = suffix.lstrip(".").upper()
     aliases = {"WAVE": "WAV", "AIF": "AIFF", "OGA": "OGG", "OPUS": "OGG"}
     fmt = aliases.get(fmt, fmt)
-    if fmt not in sf.available_formats():
-        raise AudioError(f"cannot write '{suffix or '(no extension)'}' files; use .wav, .flac or .ogg")
+    if (
+        fmt not in sf.available_formats() or fmt == "RAW"
+    ):  # RAW has no header: rate and channels would be lost
+        raise AudioError(
+            f"cannot write '{suffix or '(no extension)'}' files; use .wav, .flac, .ogg, .mp3, .aiff "
+            "(or --format)"
+        )
     return fmt
 
 

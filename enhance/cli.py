@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import signal
 import sys
@@ -28,6 +29,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import soundfile as sf
 import torch
 
 from enhance.audio_io import AUDIO_SUFFIXES, AudioError, atomic_path
@@ -54,6 +56,24 @@ def attenuation_db(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be at least 0 dB (or inf for no limit), got {text}")
     return value
+
+
+def _seconds(text: str) -> float:
+    """``--chunk-seconds``: a positive, finite number of seconds."""
+    value = float(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def _ranged(lo: int, hi: int) -> Any:
+    def check(text: str) -> int:
+        value = int(text)
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be from {lo} to {hi}, got {text}")
+        return value
+
+    return check
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--chunk-seconds",
-        type=float,
+        type=_seconds,
         default=10.0,
         help="audio per model pass: memory vs. speed, same result at any size (default %(default)s)",
     )
@@ -110,9 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
         "a CPU, else pytorch; onnxruntime needs the 'onnx' extra. Same samples, but for native-fp16, native-int8 and "
         "onnxruntime-int8 (reduced weights: faster, about 73, 37-46 and 36 dB from the float output)",
     )
-    s.add_argument("--pcm", choices=["s16le", "f32le"], default="s16le", help="raw pipe sample format")
-    s.add_argument("--rate", type=int, default=16000, help="raw pipe sample rate (default %(default)s)")
-    s.add_argument("--channels", type=int, default=1, help="raw pipe channels (default %(default)s)")
+    s.add_argument("--pcm", choices=["s16le", "f32le"], help="raw pipe sample format (default s16le)")
+    s.add_argument(
+        "--rate", type=_ranged(1000, 384000), help="raw pipe sample rate, 1000-384000 Hz (default 16000)"
+    )
+    s.add_argument("--channels", type=_ranged(1, 64), help="raw pipe channels, 1-64 (default 1)")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no per-file lines")
     p.add_argument("--version", action="version", version=f"enhance-cli {_version()}")
@@ -246,6 +268,7 @@ def run_one(
                 src,
                 dst,
                 overwrite=args.overwrite,
+                out_format=args.format,
                 out_subtype=args.subtype,
                 block_seconds=args.chunk_seconds,
                 stream_block=stream_block,
@@ -371,12 +394,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--competition-map must end with .png or .npz")
     if args.stream_backend and not args.stream:
         parser.error("--stream-backend needs --stream")
+    pipe = {"--pcm": args.pcm, "--rate": args.rate, "--channels": args.channels}
+    if not (args.stream and "-" in args.inputs) and any(v is not None for v in pipe.values()):
+        given = ", ".join(k for k, v in pipe.items() if v is not None)
+        parser.error(f"{given} describe(s) the raw PCM pipe: they need --stream - -o -")
+    args.pcm, args.rate, args.channels = args.pcm or "s16le", args.rate or 16000, args.channels or 1
+    if args.format and args.format.upper() not in sf.available_formats():
+        parser.error(
+            f"--format {args.format}: not a format this build can write ({', '.join(sf.available_formats())})"
+        )
     if args.threads is not None:
         if args.threads < 1:
             parser.error("--threads must be >= 1")
         torch.set_num_threads(args.threads)
     try:
-        torch.device(args.device)
+        device = torch.device(args.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            parser.error(f"--device {args.device}: no CUDA device here (this PyTorch: {torch.__version__})")
         ck = load_model(args)
         # built once for all inputs, after load_model (the traced step bakes in the attenuation limit)
         backend = (

@@ -72,6 +72,26 @@ def _through(stream: soxr.ResampleStream | None, block: np.ndarray, last: bool =
     return block if stream is None else stream.resample_chunk(block, last=last)
 
 
+# plain sample formats, carried into another container where it can hold them (codecs are not: WAV "can hold"
+# MPEG_LAYER_III, but libsndfile cannot write it); one it cannot -> the nearest lower precision
+_PLAIN = {"PCM_S8", "PCM_U8", "PCM_16", "PCM_24", "PCM_32", "FLOAT", "DOUBLE"}
+_NEAREST = {"DOUBLE": "FLOAT", "FLOAT": "PCM_24", "PCM_32": "PCM_24"}
+
+
+def output_subtype(fmt: str, in_format: str, in_subtype: str) -> str | None:
+    """The output's sample format: the input's in the same container; in another, the input's plain sample
+    format where the container can hold it (24-bit FLAC -> 24-bit WAV), else the nearest lower precision it can
+    (float WAV -> 24-bit FLAC); else None, the container's default (codecs, companded or lossy inputs)."""
+    if fmt == in_format and sf.check_format(fmt, in_subtype):
+        return in_subtype
+    sub: str | None = in_subtype if in_subtype in _PLAIN else None
+    while sub is not None:
+        if sf.check_format(fmt, sub):
+            return sub
+        sub = _NEAREST.get(sub)
+    return None
+
+
 def enhance_stream(
     model: Enhancer,
     src: str | BinaryIO,
@@ -104,8 +124,11 @@ def enhance_stream(
         fmt = out_format or fin.format
         if fmt not in sf.available_formats():
             raise AudioError(f"{name}: cannot write format {fmt}")
-        keep = fmt == fin.format and sf.check_format(fmt, fin.subtype)  # else: the container's default
-        subtype = out_subtype or (fin.subtype if keep else None)
+        subtype = out_subtype or output_subtype(fmt, fin.format, fin.subtype)
+        if subtype is None and fmt == "RAW":
+            raise AudioError(
+                f"{name}: RAW output has no header: name its sample format with --subtype (e.g. PCM_16)"
+            )
         if subtype is not None and not sf.check_format(fmt, subtype):
             raise AudioError(f"{name}: subtype {subtype} cannot be written in format {fmt}")
         clip = subtype is None or subtype not in ("FLOAT", "DOUBLE")
@@ -177,10 +200,12 @@ def enhance_file(
     dst: str | os.PathLike[str],
     *,
     overwrite: bool = False,
+    out_format: str | None = None,
     out_subtype: str | None = None,
     **kwargs: Any,
 ) -> FileResult:
-    """Enhance file ``src`` into file ``dst`` atomically; refuses to overwrite unless asked, never the input."""
+    """Enhance file ``src`` into file ``dst`` atomically; refuses to overwrite unless asked, never the input.
+    ``out_format``: the container (default: from ``dst``'s extension)."""
     src_p, dst_p = Path(src), Path(dst)
     if not src_p.exists():
         raise AudioError(f"{src}: no such file")
@@ -194,9 +219,13 @@ def enhance_file(
         raise AudioError(f"{dst}: output exists (use --overwrite)")
     read_info(src_p)  # an unreadable input is reported as such before anything about the output
     try:
-        fmt = _format_from_suffix(dst_p.suffix)
+        fmt = out_format.upper() if out_format else _format_from_suffix(dst_p.suffix)
     except AudioError as exc:
         raise AudioError(f"{dst}: {exc}") from None
+    if fmt not in sf.available_formats():
+        raise AudioError(f"{dst}: unknown output format {out_format}")
+    if out_subtype is None and not out_format and dst_p.suffix.lower() == ".opus":
+        out_subtype = "OPUS"  # an Ogg container, but not the Vorbis codec libsndfile would pick
     with atomic_path(dst_p) as tmp:
         result = enhance_stream(
             model, str(src_p), tmp, name=str(src), out_format=fmt, out_subtype=out_subtype, **kwargs

@@ -10,6 +10,7 @@ real time); in file mode (``enhance-cli --stream in.wav -o out.wav``) the output
 
 from __future__ import annotations
 
+import sys
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -58,9 +59,21 @@ def stream_pcm(
         written += len(y)
 
     read = getattr(fin, "read1", fin.read)
+    head = b""
+    while len(head) < 4:  # enough to recognise an encoded file sent by mistake
+        more = read(4 - len(head))
+        if not more:
+            break
+        head += more
+    if head in (b"RIFF", b"RIFX", b"RF64", b"fLaC", b"OggS", b"FORM"):
+        raise AudioError(
+            f"<stdin>: starts like an encoded audio file ({head.decode()}), but --stream - -o - reads raw PCM: "
+            "leave out --stream to enhance an encoded file from stdin"
+        )
+    pending = head
     while True:
         data = read(block * width)
-        if not data:
+        if not data and len(pending) < width:
             break
         data = pending + data
         n = len(data) // width
@@ -78,6 +91,12 @@ def stream_pcm(
             engine.process(
                 np.ascontiguousarray(down.resample_chunk(np.zeros((0, channels), np.float32), last=True).T)
             )
+        )
+    if pending:
+        print(
+            f"enhance-cli: warning: <stdin> ended inside a sample frame: its last {len(pending)} byte(s) were "
+            f"left out ({width} bytes per frame of {channels} {pcm} sample(s))",
+            file=sys.stderr,
         )
     write(engine.flush(), last=True)
     if written < received:

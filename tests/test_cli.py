@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -442,3 +443,69 @@ def test_a_killed_run_leaves_no_temporary_file(tmp_path: Path, ckpt: str) -> Non
         assert proc.returncode == code, err
         assert said in err and b"Traceback" not in err
         assert list(out.iterdir()) == []
+
+
+def test_output_container_and_sample_format(tmp_path: Path, ckpt: str) -> None:
+    """--format names the container of a file output too; another container keeps the input's plain sample format
+    where it can hold it (else the nearest lower precision); .opus is Opus, not Vorbis; RAW is refused."""
+    x = noisy(0.5, 16000)
+    sf.write(tmp_path / "a24.flac", x, 16000, subtype="PCM_24")
+    sf.write(tmp_path / "af.wav", x, 16000, subtype="FLOAT")
+    cases = [
+        ("a24.flac", "b.wav", [], ("WAV", "PCM_24")),
+        ("a24.flac", "c.wav", ["--format", "flac"], ("FLAC", "PCM_24")),
+        ("af.wav", "d.flac", [], ("FLAC", "PCM_24")),
+        ("af.wav", "e", ["--format", "WAV"], ("WAV", "FLOAT")),
+        ("a24.flac", "f.opus", [], ("OGG", "OPUS")),
+    ]
+    for src, dst, extra, want in cases:
+        proc = cli(str(tmp_path / src), "-o", str(tmp_path / dst), *extra, "--checkpoint", ckpt)
+        assert proc.returncode == 0, proc.stderr
+        info = sf.info(tmp_path / dst)
+        assert (info.format, info.subtype) == want, dst
+    proc = cli(str(tmp_path / "a24.flac"), "-o", str(tmp_path / "g.raw"), "--checkpoint", ckpt)
+    assert proc.returncode == 1 and b"cannot write '.raw' files" in proc.stderr
+    assert not (tmp_path / "g.raw").exists()
+    proc = cli(
+        str(tmp_path / "a24.flac"), "-o", str(tmp_path / "h.wav"), "--format", "nope", "--checkpoint", ckpt
+    )
+    assert proc.returncode == 2 and b"--format nope: not a format" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--chunk-seconds", "nan"], b"must be a positive number of seconds"),
+        (["--chunk-seconds", "inf"], b"must be a positive number of seconds"),
+        (["--chunk-seconds", "0"], b"must be a positive number of seconds"),
+        (["--rate", "8000"], b"describe(s) the raw PCM pipe"),  # without --stream - -o -
+        (["--stream", "--channels", "0"], b"must be from 1 to 64"),
+        (["--stream", "--rate", "1"], b"must be from 1000 to 384000"),
+    ],
+)
+def test_bad_option_values_are_usage_errors(tmp_path: Path, ckpt: str, flags: list[str], says: bytes) -> None:
+    src = tmp_path / "in.wav"
+    sf.write(src, noisy(0.2, 16000), 16000)
+    proc = cli(str(src), "-o", str(tmp_path / "o.wav"), *flags, "--checkpoint", ckpt)
+    assert proc.returncode == 2 and says in proc.stderr and b"Traceback" not in proc.stderr
+
+
+def test_cuda_without_cuda_is_a_usage_error(tmp_path: Path, ckpt: str) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    src = tmp_path / "in.wav"
+    sf.write(src, noisy(0.2, 16000), 16000)
+    proc = cli(str(src), "-o", str(tmp_path / "o.wav"), "--device", "cuda", "--checkpoint", ckpt)
+    assert proc.returncode == 2 and b"no CUDA device here" in proc.stderr and b"Traceback" not in proc.stderr
+
+
+def test_raw_pipe_reports_a_cut_sample_and_an_encoded_file(tmp_path: Path, ckpt: str) -> None:
+    pcm = (noisy(0.3, 16000)[:, 0] * 20000).astype("<i2").tobytes()
+    proc = cli("--stream", "-", "-o", "-", "--checkpoint", ckpt, stdin=pcm + b"\x01")
+    assert proc.returncode == 0 and len(proc.stdout) == len(pcm)
+    assert b"ended inside a sample frame: its last 1 byte(s) were left out" in proc.stderr
+    buf = io.BytesIO()
+    sf.write(buf, noisy(0.3, 16000), 16000, format="FLAC")
+    proc = cli("--stream", "-", "-o", "-", "--checkpoint", ckpt, stdin=buf.getvalue())
+    assert proc.returncode == 1 and b"starts like an encoded audio file (fLaC)" in proc.stderr
+    assert proc.stdout == b""
