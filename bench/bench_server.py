@@ -102,6 +102,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str
     cmd += ["--max-concurrency", str(args.max_concurrency), "--threads", str(args.threads)]
     cmd += ["--max-queue", str(args.max_queue), "--queue-timeout", str(args.queue_timeout)]
     cmd += ["--max-streams", str(max(args.streams, 1)), "--max-duration", str(max(600.0, args.audio_seconds))]
+    cmd += ["--stream-backend", args.stream_backend]
     env = {**os.environ, "ENHANCE_API_KEY": ""}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -245,7 +246,7 @@ def report(args: argparse.Namespace, http: HttpResult | None, streams: list[Stre
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}; "
         f"model: {args.checkpoint or args.model}; server max concurrency {args.max_concurrency}, wait queue "
-        f"{args.max_queue} requests / {args.queue_timeout:g} s, torch threads {args.threads or 'default'}. "
+        f"{args.max_queue} requests / {args.queue_timeout:g} s, torch threads {args.threads or 'default'}, stream backend {args.stream_backend}. "
         f"Clients and server share the machine; 1-min load average before the run: {args.load_before:.2f}, "
         f"at its end (its own load included): {args.load_after:.2f}. Anything else running competes for the "
         "same cores.",
@@ -303,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--audio-seconds", type=float, default=4.0, help="length of the posted WAV")
     p.add_argument("--streams", type=int, default=4, help="concurrent WebSocket streams (0: skip)")
     p.add_argument("--stream-seconds", type=float, default=30.0)
+    p.add_argument(
+        "--stream-backend", default="auto", help="passed to the server it starts (default: %(default)s)"
+    )
     p.add_argument("--max-lag-ms", type=float, default=None, help="kept-up threshold (default latency + 200)")
     p.add_argument("--max-concurrency", type=int, default=2, help="passed to the server it starts")
     p.add_argument("--max-queue", type=int, default=16, help="passed to the server it starts")
