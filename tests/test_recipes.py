@@ -753,6 +753,43 @@ def test_time_budget_stops_resumably_and_the_resumed_run_equals_an_uninterrupted
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+class _Ticks:
+    """A clock that advances one second per reading: the trainer's time-budget arithmetic becomes exact."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_time_budget_stops_before_an_epoch_that_would_not_finish(folders: FolderTree, tmp_path: Path) -> None:
+    """Before each epoch the time left is weighed against the last whole epoch's duration: with one and a half
+    epochs of budget the run finishes epoch 1 and stops at the start of epoch 2 (not inside it), resumably."""
+    args = folders_args(folders, "--epochs", "3", "--max-steps-per-epoch", "3")
+    one = resolve(build_parser().parse_args([*args, "--out", str(tmp_path / "one"), "--epochs", "1"]))
+    one = dataclasses.replace(one, train=dataclasses.replace(one.train, time_budget_minutes=1e6))
+    with in_process():
+        trainer = Trainer(one, tmp_path / "one")
+        trainer.clock = clock = _Ticks()
+        trainer.fit()
+    readings = clock.now  # one epoch's clock readings (under a budget that never binds)
+    cfg = resolve(build_parser().parse_args([*args, "--out", str(tmp_path / "run")]))
+    cfg = dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, time_budget_minutes=1.5 * readings / 60)
+    )
+    with in_process():
+        trainer = Trainer(cfg, tmp_path / "run")
+        trainer.clock = _Ticks()
+        last = trainer.fit()
+    assert last["stopped"] == "time budget: the next epoch would not finish in time"
+    assert (last["next_epoch"], last["next_step"]) == (2, 0)
+    assert len(metrics(tmp_path / "run")) == 1  # epoch 1 finished and was logged
+    pos = run_folder.load_state(tmp_path / "run" / "state.pt")["position"]
+    assert (pos["epoch"], pos["step"]) == (1, 0)
+
+
 def test_compact_corpus_writes_opus_copies_once_and_reports_bad_files(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
