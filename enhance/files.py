@@ -116,7 +116,8 @@ def enhance_stream(
     try:
         fin = sf.SoundFile(src)
     except Exception as exc:
-        reason = _first_line(exc).replace(repr(src), "it")  # not "Error opening <_io.BytesIO object at 0x...>"
+        # not "Error opening <_io.BytesIO object at 0x...>"
+        reason = _first_line(exc).replace(repr(src), "it")
         raise AudioError(f"{name}: not a readable audio file ({reason})") from None
     with fin:
         rate, channels, frames = fin.samplerate, fin.channels, fin.frames

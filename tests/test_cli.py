@@ -509,5 +509,6 @@ def test_raw_pipe_reports_a_cut_sample_and_an_encoded_file(tmp_path: Path, ckpt:
     proc = cli("--stream", "-", "-o", "-", "--checkpoint", ckpt, stdin=buf.getvalue())
     assert proc.returncode == 1 and b"starts like an encoded audio file (fLaC)" in proc.stderr
     assert proc.stdout == b""
-    proc = cli("-", "-o", "-", "--checkpoint", ckpt, stdin=b"garbage, not audio")  # no BytesIO repr in the reason
+    # no BytesIO repr in the reason
+    proc = cli("-", "-o", "-", "--checkpoint", ckpt, stdin=b"garbage, not audio")
     assert proc.returncode == 1 and b"<stdin>: not a readable audio file (Error opening it" in proc.stderr
