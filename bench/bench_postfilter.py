@@ -228,7 +228,8 @@ def filtered_outputs(model: Any, noisy: np.ndarray, filters: dict[str, Step]) ->
     spec = stft(torch.from_numpy(noisy)[None], cfg)
     x = spec.abs()[0]
     p = torch.expm1(model(log_magnitude(spec)).log_mag.clamp(min=0.0))[0]
-    phase = torch.polar(torch.ones_like(x), spec.angle()[0])
+    # + 0.0: the engine's phase of silence (enhance.stft.apply_magnitude)
+    phase = torch.polar(torch.ones_like(x), (spec + 0.0).angle()[0])
     return {name: istft(f(x, p) * phase, cfg, len(noisy)).numpy() for name, f in filters.items()}
 
 
