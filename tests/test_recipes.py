@@ -900,3 +900,24 @@ def test_remote_train_script_runs_a_detached_training_and_hands_back_its_files(
     assert again.returncode == 0 and "[remote] run ended" in again.stdout
     bad = subprocess.run(["bash", script, "sideways"], cwd=work, env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+def test_every_shipped_config_resolves(tmp_path: Path) -> None:
+    """Each file of recipes/configs loads and validates (a typo in one would otherwise surface on a lent GPU);
+    augment.json is an overlay that turns on the augmentations over default-gpu.json's settings."""
+    from recipes.train import CONFIG_DIR
+
+    names = sorted(p.name for p in CONFIG_DIR.glob("*.json"))
+    assert "default-gpu.json" in names and "augment.json" in names
+    for name in names:
+        assert resolve(
+            build_parser().parse_args(["--config", name, "--out", str(tmp_path / "r")])
+        ).train.model
+    cfg = resolve(
+        build_parser().parse_args(
+            ["--config", "default-gpu.json", "--config", "augment.json", "--out", str(tmp_path / "r")]
+        )
+    )
+    mixing = cfg.data.mixing
+    assert mixing.augment.active and mixing.pause_prob == 0.3 and mixing.repeats == 40
+    assert cfg.train.batch_size == 64 and cfg.train.over_weight == 1.5
