@@ -434,6 +434,8 @@ def test_a_killed_run_leaves_no_temporary_file(tmp_path: Path) -> None:
             [sys.executable, "-m", "enhance.cli", str(src), "-o", str(out / "o.wav")],
             env=ENV,
             stderr=subprocess.PIPE,
+            # as from a terminal: a job started in the background by a script inherits SIGINT ignored
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         deadline = time.monotonic() + 120
         while not list(out.glob(".o.wav.*.tmp")) and proc.poll() is None and time.monotonic() < deadline:
