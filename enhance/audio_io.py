@@ -180,7 +180,8 @@ def save_audio(
     ``format``/``subtype`` default to what the file extension implies (libsndfile's defaults). Integer subtypes
     are clipped to [-1, 1] by libsndfile.
     """
-    fmt = format or _format_from_suffix(Path(path).suffix)
+    fmt, implied = (format, None) if format else output_format(path)
+    subtype = subtype or implied
     if subtype is not None and not sf.check_format(fmt, subtype):
         subtype = None  # e.g. VORBIS -> WAV: fall back to the container's default
     with atomic_path(path) as tmp:
@@ -198,18 +199,20 @@ def encode_audio(
     return buf.getvalue()
 
 
-def _format_from_suffix(suffix: str) -> str:
+def output_format(path: str | os.PathLike[str]) -> tuple[str, str | None]:
+    """The container a file name asks for, and the codec its extension implies (``.opus``: Ogg with Opus, not
+    libsndfile's default Vorbis; else None). Raises :class:`AudioError` for an extension libsndfile cannot write,
+    and for ``.raw``, which names no sample format (a RAW output needs an explicit format and subtype)."""
+    suffix = Path(path).suffix
     fmt = suffix.lstrip(".").upper()
     aliases = {"WAVE": "WAV", "AIF": "AIFF", "OGA": "OGG", "OPUS": "OGG"}
     fmt = aliases.get(fmt, fmt)
-    if (
-        fmt not in sf.available_formats() or fmt == "RAW"
-    ):  # RAW has no header: rate and channels would be lost
+    if fmt not in sf.available_formats() or fmt == "RAW":
         raise AudioError(
-            f"cannot write '{suffix or '(no extension)'}' files; use .wav, .flac, .ogg, .mp3, .aiff "
+            f"{path}: cannot write '{suffix or '(no extension)'}' files; use .wav, .flac, .ogg, .mp3, .aiff "
             "(or --format)"
         )
-    return fmt
+    return fmt, "OPUS" if suffix.lower() == ".opus" else None
 
 
 def _short(exc: BaseException) -> str:

@@ -32,7 +32,7 @@ from typing import Any
 import soundfile as sf
 import torch
 
-from enhance.audio_io import AUDIO_SUFFIXES, AudioError, atomic_path
+from enhance.audio_io import AUDIO_SUFFIXES, AudioError, atomic_path, output_format
 from enhance.backends import BACKENDS, streaming_backend
 from enhance.files import FileResult, enhance_bytes, enhance_file
 from enhance.pipe import stream_pcm
@@ -283,13 +283,15 @@ def run_one(
             data = Path(src).read_bytes()
         else:
             raise AudioError(f"{src}: no such file")
-        fmt = (args.format or (Path(dst).suffix.lstrip(".") if dst != "-" else "") or "WAV").upper()
+        fmt, implied = (
+            ((args.format or "WAV").upper(), None) if args.format or dst == "-" else output_format(dst)
+        )
         encoded, result = enhance_bytes(
             ck.model,
             data,
             name="<stdin>" if src == "-" else src,
             out_format=fmt,
-            out_subtype=args.subtype,
+            out_subtype=args.subtype or implied,
             block_seconds=args.chunk_seconds,
             stream_block=stream_block,
             with_competition=want_maps,

@@ -24,7 +24,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from enhance.audio_io import MODEL_RATE, AudioError, _format_from_suffix, atomic_path, read_info
+from enhance.audio_io import MODEL_RATE, AudioError, atomic_path, output_format, read_info
 from enhance.streaming import StreamingEnhancer
 from models.enhancer import Enhancer
 
@@ -220,14 +220,8 @@ def enhance_file(
     if dst_p.exists() and not overwrite:
         raise AudioError(f"{dst}: output exists (use --overwrite)")
     read_info(src_p)  # an unreadable input is reported as such before anything about the output
-    try:
-        fmt = out_format.upper() if out_format else _format_from_suffix(dst_p.suffix)
-    except AudioError as exc:
-        raise AudioError(f"{dst}: {exc}") from None
-    if fmt not in sf.available_formats():
-        raise AudioError(f"{dst}: unknown output format {out_format}")
-    if out_subtype is None and not out_format and dst_p.suffix.lower() == ".opus":
-        out_subtype = "OPUS"  # an Ogg container, but not the Vorbis codec libsndfile would pick
+    fmt, implied = (out_format.upper(), None) if out_format else output_format(dst_p)
+    out_subtype = out_subtype or implied
     with atomic_path(dst_p) as tmp:
         result = enhance_stream(
             model, str(src_p), tmp, name=str(src), out_format=fmt, out_subtype=out_subtype, **kwargs

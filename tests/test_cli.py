@@ -466,6 +466,12 @@ def test_output_container_and_sample_format(tmp_path: Path, ckpt: str) -> None:
         assert proc.returncode == 0, proc.stderr
         info = sf.info(tmp_path / dst)
         assert (info.format, info.subtype) == want, dst
+    # the in-memory path (stdin in) takes the container and codec from the extension the same way
+    proc = cli(
+        "-", "-o", str(tmp_path / "i.opus"), "--checkpoint", ckpt, stdin=(tmp_path / "a24.flac").read_bytes()
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (sf.info(tmp_path / "i.opus").format, sf.info(tmp_path / "i.opus").subtype) == ("OGG", "OPUS")
     proc = cli(str(tmp_path / "a24.flac"), "-o", str(tmp_path / "g.raw"), "--checkpoint", ckpt)
     assert proc.returncode == 1 and b"cannot write '.raw' files" in proc.stderr
     assert not (tmp_path / "g.raw").exists()
