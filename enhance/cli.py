@@ -335,15 +335,15 @@ def _terminated(signum: int, frame: Any) -> None:
 def _run_all(
     ck: Checkpoint,
     targets: list[tuple[str, str]],
-    maps: list[tuple[str, str]],
+    maps: list[str],
     args: argparse.Namespace,
     progress: Progress,
     backend: Any,
     say: Any,
-    results: list[FileResult],
-) -> None:
-    """Enhance every input in turn, appending to ``results``; one file's failure never stops the batch."""
-    for (src, dst), (_, map_path) in zip(targets, maps, strict=True):
+) -> list[FileResult]:
+    """Enhance every input in turn; one file's failure never stops the batch."""
+    results = []
+    for (src, dst), map_path in zip(targets, maps, strict=True):
         try:
             if args.competition_map and os.path.exists(map_path) and not args.overwrite:
                 raise AudioError(f"{map_path}: competition map exists (use --overwrite)")
@@ -361,6 +361,7 @@ def _run_all(
             print(f"enhance-cli: error: {msg}", file=sys.stderr)
             result = FileResult(src, None, False, error=msg)
         results.append(result)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -378,8 +379,12 @@ def main(argv: list[str] | None = None) -> int:
     if many and args.output == "-":
         parser.error("-o - takes a single input")
     targets = [(src, output_for(src, rel, args.output, many)) for src, rel in inputs]
-    maps = [(src, map_target(args.competition_map, src, rel, many)) for src, rel in inputs]
-    clash = clashes(targets) or (clashes(maps) if args.competition_map else None)
+    maps = [map_target(args.competition_map, src, rel, many) for src, rel in inputs]
+    clash = clashes(targets) or (
+        clashes([(src, m) for (src, _), m in zip(targets, maps, strict=True)])
+        if args.competition_map
+        else None
+    )
     if clash:
         parser.error(clash)
     if (
@@ -430,11 +435,10 @@ def main(argv: list[str] | None = None) -> int:
         else (lambda msg: print(msg, file=sys.stderr))
     )
     progress = Progress(not args.quiet)
-    results: list[FileResult] = []
     if threading.current_thread() is threading.main_thread():  # a kill unwinds too: no temporary file is left
         signal.signal(signal.SIGTERM, _terminated)
     try:
-        _run_all(ck, targets, maps, args, progress, backend, say, results)
+        results = _run_all(ck, targets, maps, args, progress, backend, say)
     except KeyboardInterrupt:
         print("enhance-cli: interrupted (no partial output is left)", file=sys.stderr)
         return 130
