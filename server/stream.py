@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -104,12 +103,9 @@ class Session:
 
 
 async def _receive(ws: WebSocket, timeout: float) -> Message:
-    try:
-        if sys.version_info >= (3, 11):  # wait_for can swallow a cancellation that races the message (3.11)
-            async with asyncio.timeout(timeout):
-                return await ws.receive()
+    try:  # wait_for may lose a cancellation that races the message: _stop_reader cancels until the task ends
         return await asyncio.wait_for(ws.receive(), timeout)
-    except (TimeoutError, asyncio.TimeoutError):
+    except asyncio.TimeoutError:
         raise StreamError("idle_timeout", f"no message for {timeout:g} s", POLICY) from None
 
 
