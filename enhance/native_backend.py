@@ -6,9 +6,10 @@
 Why: at one 16 ms frame per call the TorchScript and onnxruntime steps spend about as long on per-operation
 overhead (hundreds of small operations) as on reading the weights (``bench/results/step-floor.md``). The C step
 has no framework in between: each weight matrix is streamed once per call for up to 16 frames (once per frame
-at one hop per call), everything else is a few thousand flops per frame. It gives the same numbers as the PyTorch step to float32 rounding (``tests/test_native.py``)
-and, like the other backends, keeps no per-stream state of its own (:class:`NativeState` is passed in and out),
-so one stepper serves many streams and threads (the C call releases the GIL). The streaming engine calls
+at one hop per call), everything else is a few thousand flops per frame. It gives the same numbers as the
+PyTorch step to float32 rounding (``tests/test_native.py``) and, like the other backends, keeps no per-stream
+state of its own (:class:`NativeState` is passed in and out), so one stepper serves many streams and threads (the
+C call releases the GIL). The streaming engine calls
 :meth:`NativeStepper.run_frames`, which also does each frame's analysis, synthesis and overlap-add in C (one
 call per hop and channel); :meth:`NativeStepper.step` is the bare step (features in, log magnitudes out).
 ``weights="float16"`` / ``"int8"`` (backends ``native-fp16`` / ``native-int8``) read a half / a quarter of the

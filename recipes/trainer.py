@@ -244,7 +244,7 @@ class Trainer:
         )
         self.pos = Position()
         self.clock: Callable[[], float] = time.monotonic  # the time budget's clock (a test may give its own)
-        self._started = self.clock()  # fit() restarts it; the time budget counts from there
+        self._started = 0.0  # fit() sets it: the time budget counts from there
         if cfg.train.init_from and not (self.run_dir / "state.pt").is_file():
             init = load_checkpoint(cfg.train.init_from)
             load_state_strict(self.model, init.model.state_dict(), cfg.train.init_from)
