@@ -233,6 +233,17 @@ async def healthz() -> HealthResponse:
     return HealthResponse()
 
 
+# Load balancers and uptime checkers often probe with HEAD. Kept out of the schema (GET documents the probes).
+@router.head("/healthz", include_in_schema=False)
+async def healthz_head() -> Response:
+    return Response(status_code=200)
+
+
+@router.head("/readyz", include_in_schema=False)
+async def readyz_head(request: Request) -> Response:
+    return Response(status_code=200 if request.app.state.store.status == "ready" else 503)
+
+
 @router.get(
     "/readyz",
     response_model=ReadyResponse,

@@ -19,13 +19,25 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-class AudioFormat(str, Enum):
+class _CaseInsensitive(str, Enum):
+    """A query-parameter enum that takes any case (``?format=WAV``), as the CLI's ``--format`` does."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> _CaseInsensitive | None:
+        if isinstance(value, str):
+            for member in cls:
+                if member.value == value.lower():
+                    return member
+        return None
+
+
+class AudioFormat(_CaseInsensitive):
     wav = "wav"
     flac = "flac"
     ogg = "ogg"
 
 
-class AnalyzeFormat(str, Enum):
+class AnalyzeFormat(_CaseInsensitive):
     json = "json"
     png = "png"
 

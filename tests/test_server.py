@@ -118,6 +118,9 @@ def _metric(text: str, name: str, **labels: str) -> float:
 
 def test_health_ready_and_models(client: httpx.Client) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
+    for probe in ("/healthz", "/readyz"):  # load balancers probe with HEAD
+        head = client.head(probe)
+        assert head.status_code == 200 and head.content == b""
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
     models = client.get("/v1/models").json()["models"]
@@ -184,6 +187,7 @@ def test_enhance_raw_body_equals_offline(client: httpx.Client, model: Enhancer) 
         ("", "audio/ogg", "audio/ogg", "OGG"),
         ("", "application/json;q=0.9, audio/flac;q=0.5, audio/wav;q=0.8", "audio/wav", "WAV"),
         ("?format=wav", "audio/flac", "audio/wav", "WAV"),
+        ("?format=FLAC", None, "audio/flac", "FLAC"),  # any case, as the CLI's --format
     ],
 )
 def test_enhance_multipart_output_formats(
@@ -319,7 +323,9 @@ def test_analyze_json(client: httpx.Client, model: Enhancer) -> None:
     assert a["output_rms_dbfs"] == pytest.approx(level_out, abs=0.05)
 
 
-@pytest.mark.parametrize(("query", "accept"), [("?format=png", None), ("", "image/png")])
+@pytest.mark.parametrize(
+    ("query", "accept"), [("?format=png", None), ("?format=PNG", None), ("", "image/png")]
+)
 def test_analyze_png(client: httpx.Client, query: str, accept: str | None) -> None:
     headers = {"Content-Type": WAV, **({"Accept": accept} if accept else {})}
     resp = client.post(f"/v1/analyze{query}", content=wav_bytes(noisy(1.0), 16000), headers=headers)
@@ -708,6 +714,7 @@ def test_readyz_is_503_until_the_model_is_loaded(checkpoint: Path) -> None:
         assert c.get("/healthz").status_code == 200
         ready = c.get("/readyz")
         assert ready.status_code == 503 and ready.json()["status"] == "loading"
+        assert c.head("/readyz").status_code == 503 and c.head("/healthz").status_code == 200
         resp = c.post("/v1/enhance", content=wav_bytes(noisy(0.5), 16000), headers={"Content-Type": WAV})
         _error(resp, 503, "model_loading")
         assert "Retry-After" in resp.headers
