@@ -45,7 +45,7 @@ from models.static_step import unsupported
 from models.tim_layer import TIMLayer
 
 SOURCE = Path(__file__).with_name("native_step.c")
-FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fPIC", "-shared", "-std=gnu11")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-trapping-math", "-fPIC", "-shared", "-std=gnu11")
 
 
 # the C step's weight matrices (tim_model_new's precision 0, 1, 2)

@@ -250,7 +250,8 @@ static void leaky(float *x, int n, float slope) {
 }
 
 /* exp(x) for x <= 0 (softmax after subtracting the maximum), within 2 ulp of expf; written so that compilers
- * vectorise a loop of it (libm's expf is a call per element: a third of a frame's time in the attention) */
+ * vectorise a loop of it (libm's expf is a call per element: a third of a frame's time in the attention). GCC
+ * vectorises the floorf only with -fno-trapping-math (native_backend.FLAGS); without it the loop stays scalar. */
 static inline float exp_neg(float x) {
     x = x < -87.0f ? -87.0f : x;
     const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
