@@ -2,9 +2,10 @@
  *
  * The same computation as models/static_step.py (pre-encoder convs with their caches, standard and TIM blocks
  * with per-block key/value rings, the output stage with the attenuation floor) with no per-operation overhead:
- * every matrix product streams its weights once per call for up to MAX_BATCH frames, four rows at a time ("axpy"
- * form, y += x[i] * W[i, :], which compilers vectorise without reassociating sums), while the attention goes
- * frame by frame through the rings; everything else is a few thousand flops per frame. A frame's arithmetic is
+ * every matrix product streams its weights once per call for up to MAX_BATCH frames (float32 on AVX-512: tiles
+ * of outputs held in registers over weights repacked tile by tile; otherwise four rows at a time, "axpy" form,
+ * y += x[i] * W[i, :], which compilers vectorise without reassociating sums), while the attention goes frame by
+ * frame through the rings; everything else is a few thousand flops per frame. A frame's arithmetic is
  * the same whether it comes alone or with others, so the output does not depend on the chunking (bit for bit;
  * tests/test_native.py). enhance/native_backend.py compiles this file, lays out the weights and the state in the
  * order read below, and checks the result against PyTorch (tests/test_native.py).
@@ -32,6 +33,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #define MAX_CONV 8
 #define MAX_LAYERS 64
@@ -43,6 +47,7 @@ typedef _Float16 half_t;
 
 typedef struct {
     const float *w, *b;
+    const float *p;   /* float32 mode on AVX-512: the weights repacked in output tiles (gemv), or NULL */
     const half_t *h;  /* the weights in float16 (float16 mode), or NULL */
     const int8_t *q;  /* the weights in int8 (int8 mode), or NULL; W[i][o] = q[i][o] * scale[o] per group */
     const float *scale; /* [groups][n_out] */
@@ -76,10 +81,83 @@ typedef struct {
     double *tw_re, *tw_im;   /* FFT twiddles exp(-2 pi i k / n_fft), k < n_fft / 2 */
     int *rev;                /* bit reversal of 0 .. n_fft - 1 */
     int precision;  /* the weight matrices: 0 float32, 1 float16, 2 int8 (biases and norms stay float32) */
-    void *reduced;  /* float16 or int8 mode: the matrices (and int8's scales), converted once */
+    void *reduced;  /* float16 or int8 mode: the matrices (and int8's scales), converted once; float32 mode on
+                     * AVX-512: the matrices repacked for gemv */
     int half_rings; /* float16 and int8 modes: the key/value rings in float16 */
 } Model;
 
+#if defined(__AVX512F__)
+/* The float32 product on AVX-512: register-blocked, so that frames batched in one call do not load and store
+ * their outputs once per four weight rows. A tile of up to OTILE outputs (nv registers of 16, the last masked)
+ * for one or two frames stays in registers while ITILE weight rows (32 KiB, in L1 while every frame pair uses
+ * them) stream through. The weights are repacked once (pack_weights) so that a tile's rows lie one after the
+ * other ([tile][n_in][ow]): the reads are sequential, which the hardware prefetches (row-major W made them
+ * 512-byte pieces n_out floats apart, and the step waited on them). Each output is b + x[0] w[0] + x[1] w[1]
+ * + ... as one fused multiply-add chain in row order, whatever the tiling, the pairing of frames or nf: a
+ * frame's result does not depend on the chunking. */
+#define OTILE 128
+#define ITILE 64
+static inline __attribute__((always_inline)) void tile_f32(float *y0, float *y1, const float *x0, const float *x1,
+                                                           const float *restrict w, int ow, int i0, int i1,
+                                                           const int nv, __mmask16 last, const int two) {
+    __m512 a[8], c[8];
+    for (int r = 0; r < nv; r++) {
+        const __mmask16 m = r == nv - 1 ? last : (__mmask16)0xFFFF;
+        a[r] = _mm512_maskz_loadu_ps(m, y0 + 16 * r);
+        if (two) c[r] = _mm512_maskz_loadu_ps(m, y1 + 16 * r);
+    }
+    for (int i = i0; i < i1; i++) {
+        const float *restrict wr = w + (size_t)i * ow;
+        const __m512 xa = _mm512_set1_ps(x0[i]);
+        const __m512 xb = two ? _mm512_set1_ps(x1[i]) : xa;
+        for (int r = 0; r < nv; r++) {
+            const __m512 wv = _mm512_maskz_loadu_ps(r == nv - 1 ? last : (__mmask16)0xFFFF, wr + 16 * r);
+            a[r] = _mm512_fmadd_ps(xa, wv, a[r]);
+            if (two) c[r] = _mm512_fmadd_ps(xb, wv, c[r]);
+        }
+    }
+    for (int r = 0; r < nv; r++) {
+        const __mmask16 m = r == nv - 1 ? last : (__mmask16)0xFFFF;
+        _mm512_mask_storeu_ps(y0 + 16 * r, m, a[r]);
+        if (two) _mm512_mask_storeu_ps(y1 + 16 * r, m, c[r]);
+    }
+}
+
+static void gemv(float *restrict Y, const float *X, const float *restrict w, const float *restrict b, int n_in,
+                 int n_out, int nf, int ldx, int ldy) {
+    for (int f = 0; f < nf; f++) memcpy(Y + (size_t)f * ldy, b, sizeof(float) * (size_t)n_out);
+    for (int o0 = 0; o0 < n_out; o0 += OTILE) { /* w: packed, this tile's rows from w + n_in o0 */
+        const int ow = n_out - o0 < OTILE ? n_out - o0 : OTILE, nv = (ow + 15) / 16;
+        const __mmask16 last = (__mmask16)(ow % 16 ? (1u << (ow % 16)) - 1u : 0xFFFFu);
+        for (int i0 = 0; i0 < n_in; i0 += ITILE) {
+            const int i1 = n_in - i0 < ITILE ? n_in : i0 + ITILE;
+            for (int f = 0; f < nf; f += 2) {
+                float *y0 = Y + (size_t)f * ldy + o0, *y1 = y0 + ldy;
+                const float *x0 = X + (size_t)f * ldx, *x1 = x0 + ldx;
+                const float *wt = w + (size_t)n_in * o0;
+#define TILE_CASE(NV)                                                                                           \
+    case NV:                                                                                                    \
+        if (nf - f >= 2)                                                                                        \
+            tile_f32(y0, y1, x0, x1, wt, ow, i0, i1, NV, last, 1);                                              \
+        else                                                                                                    \
+            tile_f32(y0, y0, x0, x0, wt, ow, i0, i1, NV, last, 0);                                              \
+        break;
+                switch (nv) {
+                    TILE_CASE(1)
+                    TILE_CASE(2)
+                    TILE_CASE(3)
+                    TILE_CASE(4)
+                    TILE_CASE(5)
+                    TILE_CASE(6)
+                    TILE_CASE(7)
+                    TILE_CASE(8)
+                }
+#undef TILE_CASE
+            }
+        }
+    }
+}
+#else
 /* Y[f] = b + X[f] W for nf frames, W [n_in][n_out] row-major; X's rows are ldx floats apart (they may overlap:
  * the pre-encoder's windows), Y's ldy. Four rows of W per pass so y is loaded and stored a quarter as often, and
  * each pass serves every frame while its rows are in cache: the weights are read once per call, not per frame.
@@ -109,6 +187,7 @@ static void gemv(float *restrict Y, const float *X, const float *restrict w, con
         }
     }
 }
+#endif
 
 #if defined(__AVX512F__)
 /* The AVX-512 pass of gemv16 and gemv8 for one frame: y[o] += sum of x[i..i+4) w0..w3[o], the rows' elements of
@@ -227,7 +306,7 @@ static void group_linear(const GroupLinear *m, const float *X, float *Y, int nf,
         else if (m->h)
             gemv16(y, x, m->h + wo, m->b + bo, m->n_in, m->n_out, nf, ldx, ldy, quad);
         else
-            gemv(y, x, m->w + wo, m->b + bo, m->n_in, m->n_out, nf, ldx, ldy);
+            gemv(y, x, (m->p ? m->p : m->w) + wo, m->b + bo, m->n_in, m->n_out, nf, ldx, ldy);
     }
 }
 
@@ -376,8 +455,22 @@ void tim_model_free(void *mp);
 
 /* float16 or int8 mode: every matrix converted once into m->reduced (int8: symmetric, one scale per output column
  * of each group, the largest |W| of the column mapped to 127). Returns 0 when out of memory. */
-static int reduce_weights(Model *m) {
-    GroupLinear *all[MAX_CONV + 6 * MAX_LAYERS + 1];
+/* memory for the converted or repacked matrices, in 2 MiB pages where Linux grants them: every frame reads all
+ * of it (22 MiB in float32), and in 4 KiB pages the reads wait on the TLB (the C step at 1-s chunks took 1.5x
+ * the time, at 16-ms chunks 1.02x; a hint only, ordinary pages otherwise) */
+static void *alloc_matrices(size_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    bytes = (bytes + huge - 1) / huge * huge;
+    void *p = aligned_alloc(huge, bytes);
+#if defined(MADV_HUGEPAGE)
+    if (p) madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+#define MAX_MATRICES (MAX_CONV + 6 * MAX_LAYERS + 1)
+/* every weight matrix of the model into all; returns their number */
+static int matrices(Model *m, GroupLinear **all) {
     int n_all = 0;
     for (int i = 0; i < m->n_conv; i++) all[n_all++] = &m->conv[i];
     for (int j = 0; j < m->n_layers; j++) {
@@ -387,6 +480,40 @@ static int reduce_weights(Model *m) {
             if (own[k]->w) all[n_all++] = own[k];
     }
     all[n_all++] = &m->head;
+    return n_all;
+}
+
+#if defined(__AVX512F__)
+/* float32 mode on AVX-512: every matrix copied once into m->reduced in gemv's tile order, per group
+ * [tile][n_in][ow] (ow = OTILE, or what is left for the last tile). The same values: the result is the float32
+ * step's. */
+static int pack_weights(Model *m) {
+    GroupLinear *all[MAX_MATRICES];
+    const int n_all = matrices(m, all);
+    int64_t size = 0;
+    for (int k = 0; k < n_all; k++) size += (int64_t)all[k]->groups * all[k]->n_in * all[k]->n_out;
+    float *dst = alloc_matrices(sizeof(float) * (size_t)size);
+    if (!dst) return 0;
+    m->reduced = dst;
+    for (int k = 0; k < n_all; k++) {
+        GroupLinear *l = all[k];
+        l->p = dst;
+        for (int g = 0; g < l->groups; g++) {
+            const float *w = l->w + (size_t)g * l->n_in * l->n_out;
+            for (int o0 = 0; o0 < l->n_out; o0 += OTILE) {
+                const int ow = l->n_out - o0 < OTILE ? l->n_out - o0 : OTILE;
+                for (int i = 0; i < l->n_in; i++, dst += ow)
+                    memcpy(dst, w + (size_t)i * l->n_out + o0, sizeof(float) * (size_t)ow);
+            }
+        }
+    }
+    return 1;
+}
+#endif
+
+static int reduce_weights(Model *m) {
+    GroupLinear *all[MAX_MATRICES];
+    const int n_all = matrices(m, all);
     int64_t size = 0, scales = 0;
     for (int k = 0; k < n_all; k++) {
         size += (int64_t)all[k]->groups * all[k]->n_in * all[k]->n_out;
@@ -395,7 +522,7 @@ static int reduce_weights(Model *m) {
     const int64_t per = m->precision == 1 ? 2 : 1; /* bytes per matrix element */
     m->weight_bytes = 4 * (m->weight_floats - size) + per * size + (m->precision == 2 ? 4 * scales : 0);
     if (m->precision == 1) {
-        half_t *dst = malloc(sizeof(half_t) * (size_t)size);
+        half_t *dst = alloc_matrices(sizeof(half_t) * (size_t)size);
         if (!dst) return 0;
         m->reduced = dst;
         for (int k = 0; k < n_all; k++) {
@@ -406,7 +533,7 @@ static int reduce_weights(Model *m) {
         }
         return 1;
     }
-    float *scale = malloc(sizeof(float) * (size_t)scales + (size_t)size); /* the scales, then the int8 values */
+    float *scale = alloc_matrices(sizeof(float) * (size_t)scales + (size_t)size); /* scales, then int8 values */
     if (!scale) return 0;
     m->reduced = scale;
     int8_t *dst = (int8_t *)(scale + scales);
@@ -551,6 +678,9 @@ void *tim_model_new(const int32_t *ci, const float *cf, const float *weights, in
         m->rev[i] = r;
     }
     if (precision && weights && !reduce_weights(m)) goto fail;
+#if defined(__AVX512F__)
+    if (!precision && weights && !pack_weights(m)) goto fail;
+#endif
     return m;
 fail:
     tim_model_free(m);

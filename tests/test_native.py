@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 import soundfile as sf
 import torch
 
+from enhance import native_backend
 from enhance.native_backend import NativeStepper, native_unsupported
 from enhance.offline import enhance_waveform
 from enhance.streaming import StreamingEnhancer
@@ -147,6 +149,33 @@ def test_output_does_not_depend_on_the_chunking(weights: str) -> None:
         for c in ([256] * 47, [5000, 7000], [12000])
     ]
     assert all(np.array_equal(ys[0], y) for y in ys[1:])
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 build flags")
+@pytest.mark.parametrize("weights", ["float32", "float16", "int8"])
+def test_the_build_without_avx512_gives_the_same_numbers(
+    weights: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CPUs without AVX-512 (most laptops; `-march=native` picks what the CPU has) take the plain-C products
+    (float32 in row order, not the tiled kernel on repacked weights) and the AVX2/F16C loops: the same numbers
+    within float rounding, and still independent of the chunking."""
+    model = _wide_heads()
+    x = (np.random.default_rng(4).standard_normal((1, 6000)) * 0.1).astype(np.float32)
+    engine = StreamingEnhancer(model, 1, backend=NativeStepper(model, weights=weights))
+    ref = _stream(engine, x, [256] * 24)[0]
+    monkeypatch.setenv("TIM_ENHANCE_CACHE", str(tmp_path))
+    monkeypatch.setattr(native_backend, "FLAGS", (*native_backend.FLAGS, "-mno-avx512f"))
+    native_backend.library.cache_clear()
+    try:
+        stepper = NativeStepper(model, weights=weights)
+        assert [p.name for p in tmp_path.glob("native_step-*.so")]  # built here, with the flag
+        ys = [_stream(StreamingEnhancer(model, 1, backend=stepper), x, c)[0] for c in ([256] * 24, [6000])]
+    finally:
+        native_backend.library.cache_clear()
+    assert np.array_equal(ys[0], ys[1])
+    assert np.abs(ys[0] - ref).max() < 1e-5
+    if weights == "float32":
+        assert np.abs(ys[0] - enhance_waveform(model, x).wav).max() < 1e-5
 
 
 def test_native_backend_reads_the_attenuation_limit_at_every_call() -> None:
