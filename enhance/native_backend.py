@@ -113,7 +113,13 @@ def library() -> ctypes.CDLL:
                 f"cannot build the native step into {target.parent} ({exc}); set $TIM_ENHANCE_CACHE to a "
                 "writable folder or choose another backend (torchscript)"
             ) from None
-    lib = ctypes.CDLL(str(target))
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError as exc:  # a cache on a noexec mount, another user's build we may not read, a damaged file
+        raise NativeUnavailable(
+            f"cannot load the native step {target} ({exc}); set $TIM_ENHANCE_CACHE to a folder this user may "
+            "write and execute from, or choose another backend (torchscript)"
+        ) from None
     ptr = ctypes.c_void_p
     lib.tim_model_new.restype = ptr
     lib.tim_model_new.argtypes = [ptr, ptr, ptr, ctypes.c_int]
@@ -158,6 +164,7 @@ def _build(cc: str, target: Path) -> None:
             )
         if done.returncode != 0:
             raise NativeUnavailable(f"compiling {SOURCE.name} with {cc} failed:\n{done.stderr.strip()}")
+        os.chmod(tmp, 0o755)  # mkstemp's 0600 would keep other users of a shared cache from loading it
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

@@ -87,6 +87,7 @@ def load_models(config: ServerConfig) -> dict[str, LoadedModel]:
         if name in loaded:
             raise CheckpointError(f"two models are named '{name}' (give one an alias: ALIAS=PATH)")
         ck.model.eval()
+        kind = config.stream_backend
         try:
             kind = resolve_backend(ck.model, config.stream_backend)  # 'auto' resolved, for /v1/models
             backend = streaming_backend(ck.model, kind, threads=torch.get_num_threads())

@@ -8,8 +8,10 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import soundfile as sf
@@ -313,7 +315,72 @@ def test_without_a_compiler_the_cli_says_so(tmp_path: Path) -> None:
         [sys.executable, "-m", "enhance.cli", *args, str(ck)], capture_output=True, env=env, timeout=300
     )
     assert proc.returncode == 0, proc.stderr.decode()
-    assert len(list((tmp_path / "cache").glob("native_step-*.so"))) == 1
+    (built,) = (tmp_path / "cache").glob("native_step-*.so")
+    assert built.stat().st_mode & 0o055 == 0o055  # other users of a shared cache may load it
+    # a build that is there but cannot be loaded (a noexec mount, another user's file, a damaged one): auto
+    # falls back as without a compiler, the named backend is exit 2 with the reason
+    built.write_bytes(b"not a shared object")
+    proc = subprocess.run(
+        [sys.executable, "-m", "enhance.cli", *auto, "--overwrite"], capture_output=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    proc = subprocess.run(
+        [sys.executable, "-m", "enhance.cli", *args, str(ck), "--overwrite"],
+        capture_output=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 2 and b"cannot load the native step" in proc.stderr
+    assert b"Traceback" not in proc.stderr
+
+
+def test_a_server_whose_native_build_cannot_load_streams_on_torchscript(tmp_path: Path) -> None:
+    """``auto`` falls back when the cached library is there but cannot be loaded: the server gets ready and
+    says which backend its streams use (this once failed the model load with an UnboundLocalError)."""
+    from tests.server_fixtures import free_socket
+
+    key_probe = tmp_path / "probe"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TIM_ENHANCE_CACHE": str(key_probe), "OMP_NUM_THREADS": "1"}
+    code = "from enhance.native_backend import library; library()"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
+    (built,) = key_probe.glob("native_step-*.so")
+    built.write_bytes(b"not a shared object")
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    ck = tmp_path / "tiny.safetensors"
+    torch.manual_seed(0)
+    save_checkpoint(ck, Enhancer(get_config("tiny")), "tiny")
+    cmd = [
+        sys.executable,
+        "-m",
+        "server.main",
+        "--port",
+        str(port),
+        "--checkpoint",
+        str(ck),
+        "--threads",
+        "1",
+    ]
+    proc = subprocess.Popen([*cmd, "--log-level", "warning"], env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
+            while True:
+                try:
+                    ready = c.get("/readyz")
+                    if ready.json()["status"] != "loading":
+                        break
+                except httpx.TransportError:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+            assert ready.status_code == 200, ready.text
+            assert c.get("/v1/models").json()["models"][0]["stream_backend"] == "torchscript"
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert b"Traceback" not in err
 
 
 def test_without_a_compiler_the_server_refuses_to_start(tmp_path: Path) -> None:
