@@ -1,6 +1,9 @@
 # tim-enhance HTTP/WebSocket service, CPU only: POST /v1/enhance, POST /v1/analyze, WS /v1/stream, the web page
 # at /, OpenAPI docs at /docs, /healthz, /readyz, /metrics.
 #
+# Health: the HEALTHCHECK asks /readyz (200 once the models are loaded), so a container whose model failed to load
+# is reported unhealthy; /healthz only says the process answers.
+#
 # Build (from the repository root):
 #   docker build -t tim-enhance-server .
 # Run (the bundled default model, 2 enhancements at once):
@@ -35,6 +38,8 @@ COPY pyproject.toml README.md ./
 COPY models ./models
 COPY enhance ./enhance
 COPY server ./server
+# recipes: the package declares the tim-train / tim-evaluate commands; without it they would be installed and fail
+COPY recipes ./recipes
 # serve: FastAPI, uvicorn, python-multipart (+ websockets for WS /v1/stream); viz: matplotlib for ?format=png
 # The checks run from / so that they see the installed package, not /src: the model and the page must be in it.
 RUN pip install ".[serve,viz]" "websockets>=13" \
@@ -48,7 +53,7 @@ WORKDIR /home/app
 
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4).status == 200 else 1)"]
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/readyz', timeout=4).status == 200 else 1)"]
 
 ENTRYPOINT ["enhance-server", "--host", "0.0.0.0", "--port", "8000"]
 CMD []
