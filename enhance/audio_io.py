@@ -90,6 +90,8 @@ def load_audio(source: Source) -> tuple[np.ndarray, AudioInfo]:
     try:
         with sf.SoundFile(src) as f:
             info = AudioInfo(f.samplerate, f.channels, f.frames, f.format, f.subtype)
+            if info.channels > MAX_CHANNELS:
+                raise AudioError(f"{name}: {info.channels} channels (at most {MAX_CHANNELS} are enhanced)")
             data = f.read(dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
         raise AudioError(f"{name}: not a readable audio file ({_short(exc)})") from None
@@ -98,10 +100,33 @@ def load_audio(source: Source) -> tuple[np.ndarray, AudioInfo]:
     return wav, AudioInfo(info.sample_rate, info.channels, wav.shape[1], info.format, info.subtype)
 
 
-def check_audio(wav: np.ndarray, name: str = "<audio>") -> None:
-    """Refuse what cannot be enhanced: no samples, or NaN/inf samples."""
+# more "channels" than this is nearly always a [samples, channels] array (soundfile's layout)
+MAX_CHANNELS = 64
+
+
+def sample_layout_error(wav: np.ndarray, expected: str) -> str | None:
+    """Why an array is not float audio laid out as ``expected`` (None: it is): integer PCM, which the model
+    would take as values 32768 times too loud (it depends on level), or soundfile's [samples, channels]."""
+    if not np.issubdtype(wav.dtype, np.floating):
+        pcm = wav.dtype in (np.int16, np.int32)
+        hint = f" (integer PCM: divide by {2 ** (8 * wav.dtype.itemsize - 1)})" if pcm else ""
+        return f"expected float samples in [-1, 1], got dtype {wav.dtype}{hint}"
     if wav.ndim != 2 or wav.shape[0] == 0:
-        raise AudioError(f"{name}: expected [channels, samples] audio, got shape {tuple(wav.shape)}")
+        return f"expected {expected} audio, got shape {tuple(wav.shape)}"
+    if wav.shape[0] > MAX_CHANNELS:
+        return (
+            f"expected {expected} audio, got shape {tuple(wav.shape)}: {wav.shape[0]} channels is more than "
+            f"{MAX_CHANNELS}; for soundfile's [samples, channels] arrays pass wav.T"
+        )
+    return None
+
+
+def check_audio(wav: np.ndarray, name: str = "<audio>") -> None:
+    """Refuse what cannot be enhanced: not float [channels, samples] (see :func:`sample_layout_error`), no
+    samples, or NaN/inf samples."""
+    problem = sample_layout_error(wav, "[channels, samples]")
+    if problem:
+        raise AudioError(f"{name}: {problem}")
     if wav.shape[1] == 0:
         raise AudioError(f"{name}: contains no samples (zero-length audio)")
     if not np.isfinite(wav).all():

@@ -25,7 +25,9 @@ class Enhanced:
 
 @torch.inference_mode()
 def enhance_waveform(model: Enhancer, wav: np.ndarray, return_competition: bool = False) -> Enhanced:
-    """Enhance ``[channels, samples]`` float audio at 16 kHz; returns the same shape."""
+    """Enhance ``[channels, samples]`` float audio at 16 kHz (a NumPy array, or anything ``np.asarray`` takes);
+    returns the same shape."""
+    wav = np.asarray(wav)
     check_audio(wav)
     param = next(model.parameters())
     x = torch.from_numpy(np.ascontiguousarray(wav)).to(device=param.device, dtype=param.dtype)
@@ -39,9 +41,13 @@ def enhance_waveform(model: Enhancer, wav: np.ndarray, return_competition: bool 
 def enhance_audio(
     model: Enhancer, wav: np.ndarray, sample_rate: int, return_competition: bool = False
 ) -> Enhanced:
-    """Enhance audio at any rate: resampled to 16 kHz and back, at the input's exact length."""
+    """Enhance ``[channels, samples]`` float audio at any rate: resampled to 16 kHz and back, at the input's
+    exact length."""
+    wav = np.asarray(wav)
     check_audio(wav)
     x = resample(wav, sample_rate, MODEL_RATE)
+    if x.shape[1] == 0:  # fewer input samples than one at 16 kHz: enhance one
+        x = np.zeros((x.shape[0], 1), np.float32)
     result = enhance_waveform(model, x, return_competition)
     result.wav = fit_length(resample(result.wav, MODEL_RATE, sample_rate), wav.shape[1])
     return result

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from enhance.audio_io import MAX_CHANNELS, sample_layout_error
 from enhance.stft import analysis_frames, apply_magnitude, log_magnitude, overlap_add, synthesis_frames
 from models.enhancer import Enhancer
 
@@ -53,6 +54,8 @@ class StreamingEnhancer:
         int8 NativeStepper (``native-fp16``, ``native-int8``), which are close to them. A backend with
         ``run_frames`` (NativeStepper) also does the analysis, synthesis and overlap-add of each frame (in C); for
         the rest they run here with :mod:`enhance.stft` (PyTorch, on the model's device and dtype)."""
+        if not (isinstance(channels, int) and 1 <= channels <= MAX_CHANNELS):
+            raise ValueError(f"channels must be an integer from 1 to {MAX_CHANNELS}, got {channels!r}")
         self.model, self.with_competition = model.eval(), with_competition
         self.backend = backend if backend is not None else model
         self.cfg = model.cfg.stft
@@ -94,10 +97,14 @@ class StreamingEnhancer:
         return [np.concatenate(chunks, axis=1) for chunks in self._maps]
 
     def process(self, chunk: np.ndarray) -> np.ndarray:
-        """Feed ``[channels, n]`` samples (any n); returns the enhanced samples that became final."""
+        """Feed ``[channels, n]`` float samples (any n; a NumPy array, or anything ``np.asarray`` takes); returns
+        the enhanced samples that became final."""
         st = self.state
         if st.received == 0:
             self._maps = []  # a new stream
+        chunk = np.asarray(chunk)
+        if not np.issubdtype(chunk.dtype, np.floating):
+            raise ValueError(sample_layout_error(chunk, f"[{st.channels}, n]"))
         if chunk.ndim != 2 or chunk.shape[0] != st.channels:
             raise ValueError(f"expected [{st.channels}, n] samples, got {tuple(chunk.shape)}")
         if not np.isfinite(chunk).all():

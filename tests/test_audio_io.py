@@ -87,6 +87,20 @@ def test_enhancer_refuses_empty_and_nan(tiny: Enhancer) -> None:
         enhance_waveform(tiny, bad)
 
 
+def test_enhancer_refuses_integer_pcm_and_samples_by_channels(tiny: Enhancer) -> None:
+    """The two mistakes a library user makes with soundfile's arrays: they were taken silently (int16 values as
+    32768 times too loud, a model that depends on level; [samples, channels] as thousands of 2-sample channels,
+    minutes and gigabytes later)."""
+    x = speech_like(0.5)[None].repeat(2, 0)
+    with pytest.raises(AudioError, match=r"dtype int16 \(integer PCM: divide by 32768\)"):
+        enhance_waveform(tiny, (x * 32767).astype(np.int16))
+    with pytest.raises(AudioError, match=r"pass wav.T"):
+        enhance_audio(tiny, np.ascontiguousarray(x.T), 16000)
+    # torch tensors and lists are taken as arrays; one sample at 44.1 kHz (none at 16 kHz) comes back as one
+    assert enhance_waveform(tiny, torch.from_numpy(x)).wav.shape == x.shape
+    assert enhance_audio(tiny, x[:, :1].tolist(), 44100).wav.shape == (2, 1)
+
+
 def test_channels_are_enhanced_independently(tiny: Enhancer) -> None:
     a, b = speech_like(0.4, seed=1), speech_like(0.4, seed=2)
     both = enhance_waveform(tiny, np.stack([a, b])).wav

@@ -168,6 +168,12 @@ def test_bad_chunks_are_refused() -> None:
     bad[1, 3] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         engine.process(bad)
+    with pytest.raises(ValueError, match="integer PCM: divide by 32768"):
+        engine.process(np.zeros((2, 10), np.int16))
+    assert engine.state.received == 0  # nothing refused was taken in
+    assert engine.process(torch.zeros(2, 300)).shape[0] == 2  # a tensor is taken as an array
+    with pytest.raises(ValueError, match="channels must be an integer from 1 to 64"):
+        StreamingEnhancer(_model("tiny"), channels=0)
 
 
 @pytest.mark.parametrize(
