@@ -50,6 +50,38 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
     if dataclasses.is_dataclass(hint):
         return from_dict(hint, value, where)  # type: ignore[arg-type]
     if origin is tuple:
-        inner = typing.get_args(hint)[0] if typing.get_args(hint) else Any
-        return tuple(_convert(inner, v, where) for v in value)
+        parts = typing.get_args(hint)
+        if not isinstance(value, (list, tuple)):  # a string would become a tuple of its characters
+            raise ValueError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+        if parts and parts[-1] is not Ellipsis and len(value) != len(parts):
+            raise ValueError(f"{where}: expected a list of {len(parts)} values, got {len(value)}")
+        inner = (
+            list(parts[:1]) * len(value)
+            if parts and parts[-1] is Ellipsis
+            else list(parts) or [Any] * len(value)
+        )
+        return tuple(
+            _convert(t, v, f"{where}[{i}]") for i, (t, v) in enumerate(zip(inner, value, strict=True))
+        )
+    return _scalar(hint, value, where)
+
+
+def _scalar(hint: Any, value: Any, where: str) -> Any:
+    """``value`` as a ``hint`` (bool, int, float or str), or ValueError: JSON's 3 is a float's 3.0 and 3.0 an
+    int's 3, nothing else is converted (a quoted "3" is an error where it would fail later, far from its cause)."""
+    if hint is bool:
+        ok = isinstance(value, bool)
+    elif hint is int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif hint is str:
+        ok = isinstance(value, str)
+    else:
+        return value
+    if not ok:
+        raise ValueError(f"{where}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
     return value

@@ -50,6 +50,38 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.recipe not in RECIPES:
             raise ValueError(f"unknown recipe '{self.recipe}'; known: {', '.join(RECIPES)}")
+        ignored = self.ignored()
+        if ignored:  # it would be recorded in config.json (and a model card) as if it had been applied
+            raise ValueError(
+                f"the {self.recipe} recipe does not use {', '.join('data.' + k for k in ignored)}; remove "
+                f"{'it' if len(ignored) == 1 else 'them'} from the config files and flags"
+            )
+
+    def ignored(self) -> list[str]:
+        """The settings this recipe would not apply: the folders recipe's speech/noise/val_pairs elsewhere, root
+        with it, the VoiceBank settings elsewhere, and any mixing setting but the segment length with VoiceBank
+        (its pairs come mixed)."""
+        out = []
+        if self.recipe == "folders":
+            out += ["root"] if self.root is not None else []
+        else:
+            out += [k for k in ("speech", "noise", "val_pairs") if getattr(self, k)]
+        if self.recipe == "voicebank":
+            default = MixingConfig()
+            out += [
+                f"mixing.{f.name}"
+                for f in dataclasses.fields(MixingConfig)
+                if f.name not in ("segment_seconds", "sample_rate")
+                and getattr(self.mixing, f.name) != getattr(default, f.name)
+            ]
+        else:
+            default_data = DataConfig.__dataclass_fields__
+            out += [
+                k
+                for k in ("voicebank_trainset", "voicebank_val_speakers")
+                if getattr(self, k) != default_data[k].default
+            ]
+        return out
 
 
 @dataclass
@@ -185,6 +217,10 @@ def _voicebank(cfg: DataConfig, seed: int) -> RecipeData:
             continue
         pairs.append((name, n16, c16))
     speakers = sorted({n.split("_")[0] for n, _, _ in pairs})
+    missing = [s for s in cfg.voicebank_val_speakers if s not in speakers]
+    if missing and cfg.voicebank_val_speakers != VOICEBANK_VAL_SPEAKERS:  # named ones must be there
+        raise ValueError(f"voicebank_val_speakers {missing} not in the training set ({', '.join(speakers)})")
+    # the default pair is the 28-speaker set's; another tree (a test's, the 56-speaker set) holds out its last two
     val_speakers = [s for s in cfg.voicebank_val_speakers if s in speakers] or speakers[-2:]
     if len(val_speakers) >= len(speakers):
         raise ValueError(f"need more speakers than the {len(val_speakers)} held out for validation")

@@ -34,6 +34,14 @@ class MixingConfig:
     repeats: int = 1
 
     def __post_init__(self) -> None:
+        if not self.segment_seconds > 0 or self.sample_rate < 1:
+            raise ValueError(f"segment_seconds must be > 0, got {self.segment_seconds}")
+        for name in ("snr_db", "level_dbfs"):
+            low, high = getattr(self, name)
+            if not low <= high:
+                raise ValueError(f"{name} must be [low, high] with low <= high, got {[low, high]}")
+        if not 0.0 <= self.noise_prob <= 1.0:
+            raise ValueError(f"noise_prob must be in [0, 1], got {self.noise_prob}")
         if self.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         if not 0.0 <= self.pause_prob <= 1.0:

@@ -17,6 +17,7 @@ import csv
 import io
 import json
 import os
+import pickle
 import platform
 import socket
 from collections.abc import Callable
@@ -90,4 +91,12 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
 
 
 def load_state(path: Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except (
+        RuntimeError,
+        EOFError,
+        OSError,
+        pickle.UnpicklingError,
+    ) as exc:  # truncated, or badly joined parts
+        raise ValueError(f"{path}: unreadable training state ({str(exc).splitlines()[0]})") from None

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from models.checkpoint import CheckpointError
 from models.config_io import from_dict
 from recipes.trainer import RESUME_OVERRIDES, RunConfig, Trainer
 
@@ -94,13 +95,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def config_path(name: str) -> Path:
+    """A ``--config`` argument: a file, or the name of one in recipes/configs/."""
+    p = Path(name)
+    if not p.is_file() and (CONFIG_DIR / name).is_file():
+        return CONFIG_DIR / name
+    return p
+
+
+def read_config(name: str) -> dict[str, Any]:
+    p = config_path(name)
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{p}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{p}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
 def resolve(args: argparse.Namespace) -> RunConfig:
     data: dict[str, Any] = {}
     for path in args.config:
-        p = Path(path)
-        if not p.is_file() and (CONFIG_DIR / path).is_file():
-            p = CONFIG_DIR / path
-        data = merge(data, json.loads(p.read_text()))
+        data = merge(data, read_config(path))
     flags = {
         "train": {
             "model": args.model,
@@ -170,9 +187,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cfg = resolve(args)
         result = Trainer(cfg, args.out, resume=args.resume).fit()
-    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as exc:
+    except (FileNotFoundError, FileExistsError, ValueError, KeyError, CheckpointError) as exc:
         print(f"tim-train: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            f"tim-train: interrupted; `--out {args.out} --resume` continues from the last saved state",
+            file=sys.stderr,
+        )
+        return 130
     if result and int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(result))
     return 0

@@ -74,6 +74,25 @@ class TrainConfig:
     over_weight: float = 0.0
 
     def __post_init__(self) -> None:
+        at_least_one = {
+            "epochs": self.epochs,
+            "batch_size": self.batch_size,
+            "save_every_steps": self.save_every_steps,
+            "log_every_steps": self.log_every_steps,
+            "max_steps_per_epoch": self.max_steps_per_epoch,
+            "threads": self.threads,
+        }
+        for name, value in at_least_one.items():
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        if not (self.lr > 0 and 0 < self.lr_factor < 1 and self.lr_patience >= 0 and self.grad_clip > 0):
+            raise ValueError("lr and grad_clip must be > 0, lr_factor in (0, 1), lr_patience >= 0")
+        if (
+            self.time_budget_minutes is not None and not self.time_budget_minutes >= 0
+        ):  # 0: one step, then stop
+            raise ValueError(f"time_budget_minutes must be >= 0, got {self.time_budget_minutes}")
         if self.low_level_weight < 0 or self.low_level_floor <= 0:
             raise ValueError("low_level_weight must be >= 0 and low_level_floor > 0")
         if self.over_weight < 0:
@@ -144,9 +163,13 @@ def cfg_seed_for(seed: int, rank: int, step: int) -> int:
 def pick_device(name: str, local_rank: int) -> torch.device:
     if name == "auto":
         return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    if name == "cuda":
-        return torch.device(f"cuda:{local_rank}")
-    return torch.device(name)
+    try:
+        device = torch.device(f"cuda:{local_rank}" if name == "cuda" else name)
+    except RuntimeError:
+        raise ValueError(f"device '{name}': expected auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device '{name}': this PyTorch sees no CUDA GPU (use auto or cpu)")
+    return device
 
 
 class EpochBatches:

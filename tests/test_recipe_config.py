@@ -1,0 +1,136 @@
+"""Recipe settings are checked where they are read: wrong types, impossible values and settings a recipe would
+not apply are errors naming the setting, not a crash (or a silently different run) later."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.config_io import from_dict
+from recipes import run_folder
+from recipes.audio_pool import list_audio
+from recipes.trainer import RunConfig, pick_device
+from tests.conftest import ROOT
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        # a string where a list belongs became a tuple of its characters (and a walk of / for "/x")
+        ({"data": {"speech": "/x"}}, r"config.data.speech: expected a list, got str '/x'"),
+        ({"data": {"voicebank_val_speakers": "p226"}}, r"voicebank_val_speakers: expected a list"),
+        ({"train": {"epochs": "3"}}, r"config.train.epochs: expected int, got str '3'"),
+        ({"train": {"lr": "1e-3"}}, r"config.train.lr: expected float, got str"),
+        ({"train": {"amp": 1}}, r"config.train.amp: expected bool, got int"),
+        ({"data": {"mixing": {"snr_db": 5}}}, r"config.data.mixing.snr_db: expected a list, got int"),
+        ({"data": {"mixing": {"snr_db": [0, 10, 20]}}}, r"snr_db: expected a list of 2 values, got 3"),
+        ({"data": {"speech": ["/a", 3]}}, r"config.data.speech\[1\]: expected str, got int"),
+        # values that crashed deep in a run
+        ({"train": {"batch_size": 0}}, r"batch_size must be >= 1"),
+        ({"train": {"lr": 0.0}}, r"lr and grad_clip must be > 0"),
+        ({"train": {"time_budget_minutes": -1}}, r"time_budget_minutes must be >= 0"),
+        ({"data": {"mixing": {"segment_seconds": -1}}}, r"segment_seconds must be > 0"),
+        ({"data": {"mixing": {"snr_db": [20, 0]}}}, r"snr_db must be \[low, high\] with low <= high"),
+    ],
+)
+def test_wrong_types_and_values_are_named(data: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        from_dict(RunConfig, data)
+
+
+def test_json_numbers_take_their_field_type() -> None:
+    cfg = from_dict(RunConfig, {"train": {"epochs": 3.0, "lr": 1}, "data": {"mixing": {"snr_db": [0, 5]}}})
+    assert cfg.train.epochs == 3 and isinstance(cfg.train.epochs, int)
+    assert isinstance(cfg.train.lr, float) and cfg.data.mixing.snr_db == (0.0, 5.0)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"recipe": "dns", "root": "/r", "val_pairs": "/dev"}, r"the dns recipe does not use data.val_pairs"),
+        ({"recipe": "dns", "root": "/r", "speech": ["/s"], "noise": ["/n"]}, r"data.speech, data.noise"),
+        ({"recipe": "folders", "root": "/r", "speech": ["/s"], "noise": ["/n"]}, r"does not use data.root"),
+        ({"recipe": "folders", "voicebank_trainset": "56spk"}, r"data.voicebank_trainset"),
+        # VoiceBank's pairs come mixed: augmentation, pauses, SNRs and repeats would not be applied
+        (
+            {
+                "recipe": "voicebank",
+                "root": "/r",
+                "mixing": {"pause_prob": 0.3, "augment": {"noise_eq_prob": 0.5}},
+            },
+            r"data.mixing.pause_prob, data.mixing.augment",
+        ),
+        ({"recipe": "voicebank", "root": "/r", "mixing": {"repeats": 4}}, r"data.mixing.repeats"),
+    ],
+)
+def test_settings_a_recipe_would_not_apply_are_refused(data: dict, message: str) -> None:
+    """They were accepted and recorded in config.json (and in an exported model card) as if applied."""
+    with pytest.raises(ValueError, match=message):
+        from_dict(RunConfig, {"data": data})
+
+
+def test_voicebank_keeps_the_segment_length() -> None:
+    cfg = from_dict(
+        RunConfig, {"data": {"recipe": "voicebank", "root": "/r", "mixing": {"segment_seconds": 2.0}}}
+    )
+    assert cfg.data.mixing.segment_seconds == 2.0
+
+
+def test_the_train_command_names_the_bad_setting_and_the_bad_file(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    (tmp_path / "str.json").write_text(json.dumps({"data": {"speech": "/", "noise": ["/n"]}}))
+    (tmp_path / "broken.json").write_text('{"train": {"epochs": 3,}}')
+    for name, message in (
+        ("str.json", "config.data.speech: expected a list, got str '/'"),
+        ("broken.json", f"{tmp_path / 'broken.json'}: not valid JSON"),
+    ):
+        cmd = [
+            sys.executable,
+            "-m",
+            "recipes.train",
+            "--config",
+            str(tmp_path / name),
+            "--out",
+            str(tmp_path / "r"),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
+
+
+def test_audio_folders_are_listed_through_symlinks(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    (corpus / "deep").mkdir(parents=True)
+    for p in (corpus / "a.wav", corpus / "deep" / "b.flac", corpus / "notes.txt"):
+        p.write_bytes(b"x")
+    speech = tmp_path / "speech"
+    speech.mkdir()
+    (speech / "linked").symlink_to(corpus, target_is_directory=True)
+    (speech / "single.wav").symlink_to(corpus / "a.wav")
+    (corpus / "deep" / "loop").symlink_to(corpus, target_is_directory=True)  # a cycle ends, not recurses
+    found = [Path(p).relative_to(speech).as_posix() for p in list_audio([speech])]
+    assert found == ["linked/a.wav", "linked/deep/b.flac", "single.wav"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+def test_cuda_without_cuda_and_unknown_devices_are_errors() -> None:
+    with pytest.raises(ValueError, match="sees no CUDA GPU"):
+        pick_device("cuda", 0)
+    with pytest.raises(ValueError, match="expected auto, cpu, cuda or cuda:N"):
+        pick_device("gpu", 0)
+    assert pick_device("cpu", 0).type == "cpu"
+
+
+def test_a_truncated_training_state_is_a_clear_error(tmp_path: Path) -> None:
+    """The README's GPU flow joins state files from parts: a missing part must not be a pickle traceback."""
+    path = tmp_path / "state.pt"
+    torch.save({"model": {"w": torch.zeros(1000)}}, path)
+    path.write_bytes(path.read_bytes()[:500])
+    with pytest.raises(ValueError, match=r"state.pt: unreadable training state"):
+        run_folder.load_state(path)
