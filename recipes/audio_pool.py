@@ -65,7 +65,7 @@ class AudioPool:
 
 
 def list_audio(roots: Iterable[str | os.PathLike[str]]) -> list[str]:
-    """Audio files below the given folders (recursively), in a stable sorted order."""
+    """Audio files below the given folders (recursively, through symlinked folders), in a stable sorted order."""
     found: list[str] = []
     for root in roots:
         p = Path(root)
@@ -74,7 +74,18 @@ def list_audio(roots: Iterable[str | os.PathLike[str]]) -> list[str]:
             continue
         if not p.is_dir():
             raise FileNotFoundError(f"{p}: no such folder")
-        found.extend(str(f) for f in p.rglob("*") if f.suffix.lower() in AUDIO_SUFFIXES and f.is_file())
+        seen: set[str] = set()
+        for folder, dirs, files in os.walk(p, followlinks=True):  # corpora are often assembled from symlinks
+            real = os.path.realpath(folder)
+            if real in seen:  # a link back up the tree
+                dirs.clear()
+                continue
+            seen.add(real)
+            found.extend(
+                os.path.join(folder, f)
+                for f in files
+                if Path(f).suffix.lower() in AUDIO_SUFFIXES and os.path.isfile(os.path.join(folder, f))
+            )
     return sorted(found)
 
 
