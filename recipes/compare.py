@@ -16,6 +16,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -23,8 +24,16 @@ from pathlib import Path
 
 from enhance.audio_io import atomic_path
 from models.registry import REGISTRY
+from recipes.train import config_path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(cmd: list[str]) -> None:
+    """A recipe command in a child process, in this process' folder (relative paths mean what the user meant),
+    finding this checkout's packages whether or not they are installed."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": path})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,14 +73,14 @@ def train(name: str, run: Path, args: argparse.Namespace) -> None:
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     print(f"[compare] {name}: {' '.join(cmd[1:])}", flush=True)
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    _run(cmd)
 
 
 def check_settings(args: argparse.Namespace) -> None:
     """Every run under ``--out`` is trained the same way: refuse to continue a comparison with other settings
     (only ``--epochs`` may grow, which extends every run)."""
     settings = {
-        "configs": [json.loads(Path(c).read_text()) for c in args.config],
+        "configs": [json.loads(config_path(c).read_text()) for c in args.config],
         "steps_per_epoch": args.steps_per_epoch,
         "seed": args.seed,
     }
@@ -100,7 +109,7 @@ def evaluate(name: str, run: Path, pairs: str, dnsmos: bool) -> dict:
         cmd = [sys.executable, "-m", "recipes.evaluate", "--checkpoint", str(run / "best.safetensors")]
         cmd += ["--pairs", pairs, "--out", str(out)] + ([] if dnsmos else ["--no-dnsmos"])
         print(f"[compare] {name}: evaluating on {pairs}", flush=True)
-        subprocess.run(cmd, check=True, cwd=ROOT)
+        _run(cmd)
         with atomic_path(used) as tmp:
             Path(tmp).write_text(json.dumps(settings) + "\n")
     return json.loads(summary.read_text())
@@ -131,6 +140,10 @@ def table(rows: list[tuple[str, list[float], dict]], dnsmos: bool) -> str:
             + " | ".join(vals)
             + f" | {enh['n_files']} |"
         )
+    epochs = {name: len(curve) for name, curve, _ in rows}
+    if len(set(epochs.values())) > 1:  # an earlier call trained some runs longer: not a like-for-like table
+        done = ", ".join(f"`{n}` {e}" for n, e in epochs.items())
+        lines.append(f"\n**Warning: the runs were trained for different numbers of epochs ({done}).**")
     return "\n".join(lines) + "\n"
 
 

@@ -12,7 +12,7 @@ from tests.audio_trees import build_folders
 
 
 def test_compare_trains_evaluates_and_tabulates_each_config(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tree = build_folders(tmp_path / "data")
     data = {
@@ -26,7 +26,8 @@ def test_compare_trains_evaluates_and_tabulates_each_config(
         "train": {"batch_size": 2},
     }
     (tmp_path / "data.json").write_text(json.dumps(data))
-    args = ["--out", str(tmp_path / "cmp"), "--config", str(tmp_path / "data.json"), "--configs", "tiny"]
+    monkeypatch.chdir(tmp_path)  # relative paths mean the caller's folder, in the training children too
+    args = ["--out", "cmp", "--config", "data.json", "--configs", "tiny"]
     args += ["tiny-transformer", "--epochs", "2", "--steps-per-epoch", "2", "--threads", "1"]
     assert compare_main(args) == 0
     table = (tmp_path / "cmp" / "comparison.md").read_text().splitlines()
@@ -60,6 +61,12 @@ def test_compare_trains_evaluates_and_tabulates_each_config(
         tmp_path / "cmp" / "tiny" / "eval" / "summary.json"
     )  # re-evaluated if the best checkpoint changed
     assert summary.stat().st_mtime_ns >= (tmp_path / "cmp" / "tiny" / "best.safetensors").stat().st_mtime_ns
+    # both again at 2 epochs: tiny keeps its 3, and the table says the runs differ
+    assert compare_main(args) == 0
+    assert (
+        "different numbers of epochs (`tiny` 3, `tiny-transformer` 2)"
+        in (tmp_path / "cmp" / "comparison.md").read_text()
+    )
 
 
 def test_compare_refuses_to_mix_settings_in_one_folder(
