@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shlex
 import sys
 import time
@@ -26,7 +27,7 @@ import torch
 
 from enhance.audio_io import atomic_path
 from enhance.offline import enhance_waveform
-from models.checkpoint import load_checkpoint, save_checkpoint
+from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from models.enhancer import count_parameters
 from models.pretrained import DEFAULT_MODEL, PRETRAINED_DIR
 from recipes.evaluate import DNSMOS_KEYS, evaluate, markdown_table
@@ -319,7 +320,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv if argv is not None else sys.argv[1:])
     run = Path(args.run)
-    ck = load_checkpoint(run / "best.safetensors")
+    # everything the card and the files need is checked before anything is written: the bundled model, its card
+    # and the golden numbers change together or not at all
+    for needed in ("best.safetensors", "config.json", "metrics.csv"):
+        if not (run / needed).is_file():
+            ap.error(f"--run: {run / needed} is missing (a run folder of recipes.train)")
+    try:
+        ck = load_checkpoint(run / "best.safetensors")
+        pairs = discover_pairs(args.pairs).pairs
+    except (CheckpointError, OSError, ValueError) as exc:
+        ap.error(str(exc))
+    limits: list[float | None] = []
+    try:
+        limits = [
+            None if v.strip() == "none" else float(v) for v in (args.attenuation_sweep or "").split(",") if v
+        ]
+    except ValueError:
+        ap.error(
+            f"--attenuation-sweep: expected dB values or none, comma-separated, got {args.attenuation_sweep!r}"
+        )
     if args.init_run is not None:
         init = json.loads((run / "config.json").read_text())["train"].get("init_from")
         try:
@@ -331,11 +350,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"--init-run: {args.init_run}/best.safetensors is not the run's starting weights ({init})"
             )
     out = run / f"eval-{args.name}"
-    pairs = discover_pairs(args.pairs).pairs
     sweep = ""
     dnsmos = False if args.no_dnsmos else DNSMOS()
-    if args.attenuation_sweep:
-        limits = [None if v.strip() == "none" else float(v) for v in args.attenuation_sweep.split(",")]
+    if limits:
         if args.sweep_select != "pesq" and args.no_dnsmos:
             ap.error(f"--sweep-select {args.sweep_select} needs DNSMOS (drop --no-dnsmos)")
         sweep_rows = sweep_attenuation(ck, pairs[: args.sweep_pairs], limits, out, dnsmos=dnsmos)
@@ -347,14 +364,21 @@ def main(argv: list[str] | None = None) -> int:
     rows = read_csv(run / "metrics.csv")
     training = {**ck.training, "evaluation": {"pairs": args.pairs, "summary": evaluation["summary"]}}
     training = json.loads(json.dumps(training, default=float).replace("NaN", "null"))
-    target = PRETRAINED_DIR / f"{args.name}.safetensors"
-    save_checkpoint(target, ck.model, ck.name, training)
     command = "python -m recipes.export " + shlex.join(argv if argv is not None else sys.argv[1:])
     card = model_card(args.name, ck, run, evaluation, command, rows, args.note, args.init_run) + sweep
+    target = PRETRAINED_DIR / f"{args.name}.safetensors"
+    staged = target.with_name(f".{target.stem}.staged.safetensors")
+    try:
+        save_checkpoint(staged, ck.model, ck.name, training)
+        golden = None
+        if args.name == DEFAULT_MODEL:  # the numbers of the file as saved, read back
+            golden = {"model_sha256": sha256(staged), **example_metrics(load_checkpoint(staged).model)}
+        os.replace(staged, target)
+    finally:
+        staged.unlink(missing_ok=True)
     with atomic_path(PRETRAINED_DIR / f"{args.name}.md") as tmp:
         Path(tmp).write_text(card)
-    if args.name == DEFAULT_MODEL:
-        golden = {"model_sha256": sha256(target), **example_metrics(load_checkpoint(target).model)}
+    if golden is not None:
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(GOLDEN) as tmp:
             Path(tmp).write_text(json.dumps(golden, indent=2, default=lambda v: float(np.float64(v))) + "\n")

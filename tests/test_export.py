@@ -6,11 +6,13 @@ import math
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from models import Enhancer, get_config
 from recipes.export import best_row, sweep_attenuation, sweep_table
 from recipes.pairs import discover_pairs
+from tests.audio_trees import build_folders
 from tests.test_evaluate import make_dev_set
 
 
@@ -185,3 +187,39 @@ def test_model_card_says_where_each_run_trained_and_follows_a_bundled_start_back
         next(model.parameters()).view(-1)[0] += 1e-6
     save_checkpoint(tmp_path / "c.safetensors", model, "tiny")
     assert not same_weights(tmp_path / "a.safetensors", tmp_path / "c.safetensors")
+
+
+def test_export_writes_nothing_until_everything_it_needs_is_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command on a real (tiny) run folder, into a stand-in for models/pretrained: a run folder missing a
+    file, or a bad option, is a usage error with nothing written. (It once replaced the bundled weights, then
+    crashed on the missing config.json, leaving the card and the golden numbers stale.)"""
+    from recipes import export
+    from recipes.train import main as train_main
+
+    tree = build_folders(tmp_path / "data")
+    run = tmp_path / "run"
+    args = ["--speech", str(tree.speech), "--noise", str(tree.noise), "--val-pairs", str(tree.dev)]
+    args += ["--model", "tiny", "--epochs", "1", "--max-steps-per-epoch", "2", "--batch-size", "2"]
+    assert train_main([*args, "--segment-seconds", "1.0", "--threads", "1", "--out", str(run)]) == 0
+    bundled = tmp_path / "pretrained"
+    monkeypatch.setattr(export, "PRETRAINED_DIR", bundled)
+    common = ["--run", str(run), "--name", "scratch", "--pairs", str(tree.dev), "--no-dnsmos"]
+    for extra, message in (
+        (["--attenuation-sweep", "none,20dB"], "--attenuation-sweep: expected dB values or none"),
+        (["--pairs", str(tmp_path / "nowhere")], "nowhere"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            export.main([*common, *extra])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+    config = (run / "config.json").read_bytes()
+    (run / "config.json").unlink()
+    with pytest.raises(SystemExit):
+        export.main(common)
+    assert "config.json is missing" in capsys.readouterr().err
+    assert not bundled.exists() or not list(bundled.iterdir())
+    (run / "config.json").write_bytes(config)
+    assert export.main([*common, "--attenuation-sweep", "none,12", "--sweep-pairs", "2"]) == 0
+    assert sorted(p.name for p in bundled.iterdir()) == ["scratch.md", "scratch.safetensors"]
+    assert "| 12 |" in (bundled / "scratch.md").read_text()
