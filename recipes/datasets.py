@@ -170,13 +170,21 @@ def fixed_mixes(
     return out
 
 
+VAL_MIN_SECONDS = 0.5  # shorter validation pairs are skipped (as the training files' min_seconds)
+VAL_SILENCE_PEAK = 1e-4  # a clean side no louder than this is digital silence: no speech to score against
+
+
 def load_val_pairs(root: str) -> tuple[list[ValPair], list[Skipped]]:
-    """Validation pairs from a folder layout known to :mod:`recipes.pairs` (16 kHz mono after loading)."""
+    """Validation pairs from a folder layout known to :mod:`recipes.pairs` (16 kHz mono after loading). Like the
+    training files, unreadable, too short and silent (clean side) pairs are skipped and listed with the reason, and
+    so is a file without a partner (the layout's warnings): they decide which checkpoint is kept."""
     from recipes.pairs import find_pairs
 
     out: list[ValPair] = []
-    bad: list[Skipped] = []
-    for pair in find_pairs(root):
+    warnings: list[str] = []
+    pairs = find_pairs(root, warnings)
+    bad: list[Skipped] = [Skipped(root, w) for w in warnings]
+    for pair in pairs:
         try:
             noisy, _, _ = load_mono_16k(pair.noisy_path)
             clean, _, _ = load_mono_16k(pair.clean_path)
@@ -184,6 +192,12 @@ def load_val_pairs(root: str) -> tuple[list[ValPair], list[Skipped]]:
             bad.append(Skipped(str(pair.noisy_path), str(exc)))
             continue
         n = min(len(noisy), len(clean))
+        if n < VAL_MIN_SECONDS * 16000:
+            bad.append(Skipped(str(pair.noisy_path), f"too short ({n / 16000:.2f} s < {VAL_MIN_SECONDS} s)"))
+            continue
+        if np.abs(clean[:n]).max() <= VAL_SILENCE_PEAK:
+            bad.append(Skipped(str(pair.clean_path), "the clean side is silent"))
+            continue
         out.append(ValPair(pair.name, noisy[:n], clean[:n]))
     if not out:
         raise ValueError(f"{root}: no usable validation pairs")

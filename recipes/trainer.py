@@ -273,8 +273,15 @@ class Trainer:
             load_state_strict(self.model, init.model.state_dict(), cfg.train.init_from)
         # per-rank dropout masks (the weights are rank 0's, broadcast by DDP)
         torch.manual_seed(cfg.train.seed + 1_000_003 * self.dist.rank)
+        self._resumed_data: str | None = None  # a resumed run's data, as its state.pt describes it
         self._prepare_run_dir()
         self.data: RecipeData = build(cfg.data, cfg.train.seed)
+        if self._resumed_data is not None and self._resumed_data != self.data.description:
+            raise ValueError(
+                f"--resume: the data changed since the run started (then: {self._resumed_data}; now: "
+                f"{self.data.description}), so it cannot continue exactly; start a new run with --init-from "
+                f"{self.run_dir / 'last.safetensors'} to go on training these weights on the new data"
+            )
         self.net: torch.nn.Module = (
             DistributedDataParallel(
                 self.model,
@@ -305,6 +312,11 @@ class Trainer:
             self.opt.load_state_dict(saved["optimizer"])
             self.sched.load_state_dict(saved["scheduler"])
             self.pos = Position(**saved["position"])
+            if self.pos.epoch > self.cfg.train.epochs:
+                raise ValueError(
+                    f"--epochs {self.cfg.train.epochs}: the run has already done {self.pos.epoch} epochs"
+                )
+            self._resumed_data = saved.get("data")
             metrics = self.run_dir / "metrics.csv"
             if self.dist.is_main and metrics.is_file():
                 run_folder.truncate_csv(metrics, lambda row: int(row["epoch"]) <= self.pos.epoch)
@@ -319,6 +331,17 @@ class Trainer:
                     )
         elif self.resume:
             raise FileNotFoundError(f"{state_path}: nothing to resume")
+        else:  # files of an earlier run with no state to continue it: this run's metrics would follow its rows
+            earlier = [
+                n
+                for n in ("metrics.csv", "best.safetensors", "last.safetensors")
+                if (self.run_dir / n).exists()
+            ]
+            if earlier:
+                raise FileExistsError(
+                    f"{self.run_dir} holds {', '.join(earlier)} of an earlier run but no state.pt to resume it "
+                    "from; choose a new folder, or remove those files to start this one there"
+                )
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             # a run killed while writing a file leaves its temporary (atomic_path's ".<name>.*.tmp"): never read,
@@ -340,6 +363,7 @@ class Trainer:
             "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(),
             "position": self.pos.__dict__.copy(),
+            "data": self.data.description,  # --resume checks that the folders still hold the same files
             "rng": {
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import safetensors.torch
 import soundfile as sf
@@ -451,6 +452,74 @@ def test_resume_refuses_flags_it_would_ignore(
     err = capsys.readouterr().err
     assert "--lr" in err and "--model" in err and "cannot change" in err
     assert snapshot(resume_runs.a) == before
+
+
+def test_a_fresh_run_over_an_earlier_runs_files_is_refused(
+    resume_runs: ResumeRuns, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run that died before its first state.pt left metrics rows: a new run there appended its own after them,
+    read as one curve by compare and export."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("metrics.csv", "best.safetensors"):
+        (run / name).write_bytes((resume_runs.a / name).read_bytes())
+    before = snapshot(run)
+    with in_process():
+        code = train_main([*resume_runs.args, "--out", str(run)])
+    err = capsys.readouterr().err
+    assert code == 2 and "holds metrics.csv, best.safetensors of an earlier run but no state.pt" in err
+    assert snapshot(run) == before
+
+
+def test_resume_refuses_fewer_epochs_than_done_and_changed_data(
+    resume_runs: ResumeRuns, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = snapshot(resume_runs.a)
+    with in_process():
+        code = train_main(["--out", str(resume_runs.a), "--resume", "--epochs", "1"])
+    assert code == 2 and "--epochs 1: the run has already done 2 epochs" in capsys.readouterr().err
+    assert snapshot(resume_runs.a) == before  # config.json not rewritten to 1 planned epoch
+    # the folders now hold other files than when the run started (here: its state says so)
+    run = tmp_path / "A"
+    run.mkdir()
+    for name, data in before.items():
+        (run / name).write_bytes(data)
+    state = run_folder.load_state(run / "state.pt")
+    assert state["data"].startswith("10 speech files")
+    state["data"] = "5 speech files (0.2 min), 3 noise files (0.2 min), 2 validation pairs, 0 files skipped"
+    run_folder.save_state(run / "state.pt", state)
+    with in_process():
+        code = train_main(["--out", str(run), "--resume", "--epochs", "3"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--resume: the data changed since the run started" in err and "--init-from" in err
+
+
+def test_bad_validation_pairs_are_skipped_and_listed(tmp_path: Path) -> None:
+    """Validation pairs pick best.safetensors: like training files, too short and silent ones are left out, and a
+    file without its partner is listed, not dropped silently."""
+    rng = np.random.default_rng(0)
+    dev = tmp_path / "dev"
+    for name, clean in (
+        ("0001", rng.standard_normal(16000) * 0.1),
+        ("0002", np.zeros(16000)),  # silent clean side
+        ("0003", rng.standard_normal(800) * 0.1),  # 50 ms
+    ):
+        for side in ("clean", "noisy"):
+            (dev / side).mkdir(parents=True, exist_ok=True)
+            sf.write(
+                dev / side / f"{name}.wav",
+                (clean + rng.standard_normal(len(clean)) * 0.01).astype(np.float32)
+                if side == "noisy"
+                else clean.astype(np.float32),
+                16000,
+            )
+    sf.write(dev / "noisy" / "0004.wav", (rng.standard_normal(16000) * 0.1).astype(np.float32), 16000)
+    pairs, skipped = load_val_pairs(str(dev))
+    assert [p.name for p in pairs] == ["0001"]
+    reasons = {Path(s.path).name: s.reason for s in skipped}
+    assert reasons["0002.wav"] == "the clean side is silent"
+    assert reasons["0003.wav"].startswith("too short (0.05 s")
+    assert any("0004" in s.reason for s in skipped)  # the orphan, from the layout's warnings
 
 
 def test_resume_with_a_changed_config_is_refused(resume_runs: ResumeRuns) -> None:
