@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from enhance.audio_io import atomic_path, load_mono_16k
+from enhance.audio_io import AudioError, atomic_path, load_mono_16k
 from enhance.competition_map import entropy, save_competition_map
 from enhance.offline import enhance_waveform
 from enhance.stft import stft
-from models.checkpoint import Checkpoint, load_checkpoint
+from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from models.pretrained import load_pretrained
 from recipes.pairs import discover_pairs
 
@@ -79,19 +79,27 @@ def analyze(
     per_layer: list[list[np.ndarray]] = [[] for _ in blocks]
     labels: list[np.ndarray] = []
     out.mkdir(parents=True, exist_ok=True)
-    for i, pair in enumerate(pairs):
-        clean, _, _ = load_mono_16k(pair.clean_path)
-        noisy, _, _ = load_mono_16k(pair.noisy_path)
+    drawn = 0
+    for pair in pairs:
+        try:
+            clean, _, _ = load_mono_16k(pair.clean_path)
+            noisy, _, _ = load_mono_16k(pair.noisy_path)
+        except AudioError as exc:  # one bad file does not end the analysis (as in recipes.evaluate)
+            print(f"analyze_competition: skipped {pair.name}: {exc}", file=sys.stderr)
+            continue
         n = min(len(clean), len(noisy))
         result = enhance_waveform(ck.model, noisy[None, :n], return_competition=True)
         assert result.competition is not None
         for store, c in zip(per_layer, result.competition, strict=True):
             store.append(c[0])
         labels.append(vad_labels(clean[:n], ck, vad_db))
-        if i < figures:
+        if drawn < figures:
             save_competition_map(
                 str(out / f"maps_{pair.name}.png"), result.competition, ck, str(pair.noisy_path)
             )
+            drawn += 1
+    if not labels:
+        raise ValueError("no pair could be read")
     vad = np.concatenate(labels)
     maps = [np.concatenate(chunks) for chunks in per_layer]  # per layer [frames, n_s]
     layers = []
@@ -188,11 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vad-db", type=float, default=30.0)
     ap.add_argument("--figures", type=int, default=3)
     args = ap.parse_args(argv)
-    ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
-    pairs = discover_pairs(args.pairs).pairs[: args.limit]
+    if args.limit is not None and args.limit < 1:
+        ap.error("--limit must be >= 1")
     try:
+        ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
+        pairs = discover_pairs(args.pairs).pairs[: args.limit]
         r = analyze(ck, pairs, Path(args.out), args.vad_db, args.figures)
-    except ValueError as exc:
+    except (ValueError, OSError, CheckpointError) as exc:
         print(f"analyze_competition: error: {exc}", file=sys.stderr)
         return 2
     print(markdown(r))

@@ -267,6 +267,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns 0 on success, 1 if no file could be evaluated, 2 on bad input."""
     args = build_parser().parse_args(argv)
     try:
+        if Path(args.out).exists() and not Path(args.out).is_dir():  # found before the work, not after it
+            raise ValueError(f"--out {args.out}: exists and is not a folder")
+        if str(args.device).startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"--device {args.device}: this PyTorch sees no CUDA GPU")
         found = discover_pairs(args.pairs)
         model = load_model(args)
     except (ValueError, KeyError, CheckpointError, RuntimeError) as exc:

@@ -75,3 +75,32 @@ def test_command_end_to_end(tmp_path: Path) -> None:
     assert abs(sum(layer["mean_score"]) - 1) < 1e-5
     assert (out / "entropy_by_layer.png").is_file() and (out / "maps_0.png").is_file()
     assert "| block |" in (out / "summary.md").read_text()
+
+
+def test_command_errors_are_messages_and_a_bad_file_is_skipped(tmp_path: Path, capsys) -> None:
+    from recipes.analyze_competition import main
+
+    torch.manual_seed(0)
+    ck = tmp_path / "tiny.safetensors"
+    save_checkpoint(ck, Enhancer(get_config("tiny")), "tiny")
+    for d in ("noisy", "clean"):
+        (tmp_path / "dev" / d).mkdir(parents=True)
+    for name in ("0001", "0002"):
+        x = speech_like(1.0, seed=int(name))
+        sf.write(tmp_path / "dev" / "clean" / f"{name}.wav", x, 16000)
+        sf.write(
+            tmp_path / "dev" / "noisy" / f"{name}.wav",
+            x + 0.01 * np.random.default_rng(1).standard_normal(len(x)),
+            16000,
+        )
+    (tmp_path / "dev" / "noisy" / "0002.wav").write_bytes(b"RIFF broken")
+    out = str(tmp_path / "out")
+    missing = str(tmp_path / "nope.safetensors")
+    assert main(["--checkpoint", missing, "--pairs", str(tmp_path / "dev"), "--out", out]) == 2
+    assert main(["--checkpoint", str(ck), "--pairs", str(tmp_path / "nowhere"), "--out", out]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    assert (
+        main(["--checkpoint", str(ck), "--pairs", str(tmp_path / "dev"), "--out", out, "--figures", "1"]) == 0
+    )
+    assert "skipped 0002" in capsys.readouterr().err
+    assert (tmp_path / "out" / "maps_0001.png").is_file()

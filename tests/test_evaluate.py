@@ -270,6 +270,9 @@ def test_main_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "unknown model config" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--pairs", str(data), "--out", str(tmp_path / "o")])  # neither --checkpoint nor --model-config
+    (tmp_path / "a-file").write_text("x")  # found before the evaluation runs, not after it
+    assert main(["--model-config", "tiny", "--pairs", str(data), "--out", str(tmp_path / "a-file")]) == 2
+    assert "exists and is not a folder" in capsys.readouterr().err
 
 
 def test_evaluate_can_score_at_an_attenuation_limit(tmp_path: Path) -> None:
