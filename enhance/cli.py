@@ -399,6 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         and Path(args.competition_map).suffix not in (".png", ".npz")
     ):
         parser.error("--competition-map must end with .png or .npz")
+    if args.competition_map and not args.competition_map.endswith(".npz"):  # found now, not after the audio
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error("drawing .png maps needs matplotlib: pip install 'tim-enhance[viz]' (or use .npz)")
     if args.stream_backend and not args.stream:
         parser.error("--stream-backend needs --stream")
     pipe = {"--pcm": args.pcm, "--rate": args.rate, "--channels": args.channels}

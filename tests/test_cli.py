@@ -521,3 +521,25 @@ def test_raw_pipe_reports_a_cut_sample_and_an_encoded_file(tmp_path: Path, ckpt:
     # no BytesIO repr in the reason
     proc = cli("-", "-o", "-", "--checkpoint", ckpt, stdin=b"garbage, not audio")
     assert proc.returncode == 1 and b"<stdin>: not a readable audio file (Error opening it" in proc.stderr
+
+
+def test_png_maps_without_matplotlib_are_refused_before_any_work(tmp_path: Path, ckpt: str) -> None:
+    """The viz extra missing: the output was written, then the PNG failed (exit 1), and a rerun needed
+    --overwrite. A stand-in package that fails to import, as an absent one does."""
+    fake = tmp_path / "site" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
+    src, dst = tmp_path / "in.wav", tmp_path / "o.wav"
+    sf.write(src, noisy(0.5, 16000), 16000)
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(fake.parent), str(ROOT)])}
+    args = [str(src), "-o", str(dst), "--competition-map", str(tmp_path / "m.png"), "--checkpoint", ckpt]
+    proc = subprocess.run(
+        [sys.executable, "-m", "enhance.cli", *args], capture_output=True, env=env, timeout=120
+    )
+    assert proc.returncode == 2 and b"drawing .png maps needs matplotlib" in proc.stderr
+    assert not dst.exists()
+    args[4] = str(tmp_path / "m.npz")  # the data form needs no matplotlib
+    proc = subprocess.run(
+        [sys.executable, "-m", "enhance.cli", *args], capture_output=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0 and dst.exists() and (tmp_path / "m.npz").exists()
