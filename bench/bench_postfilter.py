@@ -295,7 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         pauses = pause_frames(clean, noisy, model.cfg.stft)
         for name, y in outputs.items():
             att = pause_attenuation(y, pauses, model.cfg.stft)
-            rows.append({"system": name, **compute_metrics(clean, y, scorer), "pause_att_db": att})
+            rows.append(
+                {"name": pair.name, "system": name, **compute_metrics(clean, y, scorer), "pause_att_db": att}
+            )
     names = list(dict.fromkeys(r["system"] for r in rows))
     means = summarize(rows, systems=names, keys=(*METRIC_KEYS, "pause_att_db"))
     table = []

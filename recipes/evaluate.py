@@ -6,8 +6,8 @@ Each pair's noisy file is read (channel 0 of a multichannel file, resampled to 1
 :func:`enhance.offline.enhance_waveform`, and both the noisy input and the enhanced output are scored against the
 clean file (cut to the shorter length). Files that cannot be read are skipped with their reason. Written to
 ``--out`` (each file atomically): ``per_file.csv``, ``summary.csv``, ``summary.md`` and ``summary.json``. The
-summary has one row per system (noisy, then enhanced): each metric's mean over the files where it is finite,
-``n_files`` (files scored) and ``n_failed`` (files where any computed metric was NaN).
+summary has one row per system (noisy, then enhanced): each metric's mean over the files where it is finite for
+both (so the rows cover the same files), ``n_files`` (files scored) and ``n_failed`` (files where any computed metric was NaN).
 """
 
 from __future__ import annotations
@@ -82,17 +82,26 @@ def summarize(
     systems: Sequence[str] = SYSTEMS,
     keys: Sequence[str] = METRIC_KEYS,
 ) -> dict[str, dict[str, float]]:
-    """Per system of ``systems`` (rows carry a ``system`` key): the mean of each of ``keys`` over the files where it
-    is finite (NaN when none is), ``n_files`` and ``n_failed``.
+    """Per system of ``systems`` (rows carry ``system`` and the file's ``name``): the mean of each of ``keys`` over
+    the files where it is finite for every system (NaN when there are none), ``n_files`` and ``n_failed``. The
+    rows of a table are then means over the same files: a system whose output makes a metric fail on a file (PESQ
+    of an all-zero output) does not leave that file out of its own mean alone.
 
     ``n_failed`` counts files where any of ``metrics`` (those actually computed) is NaN.
     """
     out: dict[str, dict[str, float]] = {}
+    by_system = {system: {r["name"]: r for r in rows if r["system"] == system} for system in systems}
     for system in systems:
-        mine = [r for r in rows if r["system"] == system]
+        mine = list(by_system[system].values())
         entry: dict[str, float] = {}
         for key in keys:
-            values = [float(r[key]) for r in mine if math.isfinite(float(r[key]))]
+            values = [
+                float(r[key])
+                for name, r in by_system[system].items()
+                if all(
+                    name in other and math.isfinite(float(other[name][key])) for other in by_system.values()
+                )
+            ]
             entry[key] = float(np.mean(values)) if values else math.nan
         entry["n_files"] = len(mine)
         entry["n_failed"] = sum(1 for r in mine if any(not math.isfinite(float(r[k])) for k in metrics))

@@ -300,3 +300,21 @@ def test_evaluate_can_score_at_an_attenuation_limit(tmp_path: Path) -> None:
     for bad in ("-3", "nan", "loud"):
         with pytest.raises(SystemExit):
             parser.parse_args([*base, "--max-attenuation-db", bad])
+
+
+def test_summary_rows_are_means_over_the_same_files() -> None:
+    """A metric that fails for one system on a file (PESQ of a muted output) leaves that file out of every row's
+    mean for that metric, not only the failing system's (which would flatter it); n_failed still counts it."""
+    from recipes.evaluate import summarize
+
+    nan = float("nan")
+    rows = [
+        {"name": "a", "system": "noisy", "pesq": 1.0, "stoi": 0.5},
+        {"name": "a", "system": "enhanced", "pesq": nan, "stoi": 0.6},
+        {"name": "b", "system": "noisy", "pesq": 2.0, "stoi": 0.7},
+        {"name": "b", "system": "enhanced", "pesq": 3.0, "stoi": 0.8},
+    ]
+    out = summarize(rows, ("pesq", "stoi"), keys=("pesq", "stoi"))
+    assert out["noisy"]["pesq"] == 2.0 and out["enhanced"]["pesq"] == 3.0  # file b only
+    assert out["noisy"]["stoi"] == pytest.approx(0.6) and out["enhanced"]["stoi"] == pytest.approx(0.7)
+    assert (out["noisy"]["n_failed"], out["enhanced"]["n_failed"]) == (0, 1)
