@@ -9,7 +9,7 @@ test pairs (input SNR, noise source, ...).
 by ``name``); ``--pairs-csv`` is any CSV with a ``name`` column and the condition column ``--by`` (the shared dev
 set's ``dev/pairs.csv`` has ``snr_db`` and ``noise_file``; ``--by noise_source`` takes the folder of
 ``noise_file``). Writes ``summary.md`` / ``summary.csv`` (one row per system and metric, one column per condition
-value, the mean over the files where the metric is finite and the file count per condition) and prints the
+value, the mean over the files where the metric is finite for every system and the file count per condition) and prints the
 Markdown. No audio is processed: it reads the benchmark's scores.
 """
 
@@ -47,7 +47,7 @@ def breakdown(
     scores: list[dict[str, str]], pairs: list[dict[str, str]], by: str, metrics: list[str]
 ) -> tuple[list[str], list[dict[str, Any]], dict[str, int]]:
     """(condition values in order, one row per system and metric with the mean per value, files per value).
-    The means are :func:`recipes.evaluate.summarize`'s (over the files where the metric is finite). Files of
+    The means are :func:`recipes.evaluate.summarize`'s (over the files where the metric is finite for every system). Files of
     ``scores`` with no row in ``pairs`` are an error (a breakdown of part of the set would mislead)."""
     condition = {p["name"]: condition_of(p, by) for p in pairs}
     missing = sorted({s["name"] for s in scores} - condition.keys())

@@ -390,7 +390,7 @@ def header_text(
 def table_notes(entries: Sequence[Entry], computed_notes: Sequence[str]) -> list[str]:
     notes = [
         "PESQ is wide-band (P.862.2), STOI classic, SI-SDR in dB, DNSMOS P.835 (non-intrusive); means over "
-        "the files where the metric is finite; n_failed counts files with any NaN metric.",
+        "the files where the metric is finite for every system; n_failed counts files with any NaN metric.",
         "RTF: compute seconds / audio seconds on one thread (wall clock; CPU RTF is the process's CPU time), "
         "resampling to a peer's native rate included, stream set-up excluded.",
         "measured delay: the output lag (0-100 ms) maximising the input/output cross-correlation on the "
