@@ -241,6 +241,41 @@ def same_weights(a: str | Path, b: str | Path) -> bool:
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def _shared_corpus(data: dict[str, Any]) -> bool:
+    """Whether a run trained on the shared development corpus (../shared/data), whose sources the card names."""
+    return data.get("recipe") == "folders" and any("shared/data" in str(p) for p in data.get("speech") or [])
+
+
+def _data_lines(data: dict[str, Any], pairs_root: str) -> str:
+    """The card's training and evaluation data: the shared corpus with its licences, or what the run's config
+    says (another corpus' licences are the user's to check)."""
+    mixing = data["mixing"]
+    mixed = (
+        f"dynamic mixing at SNR uniform in {mixing['snr_db']} dB, mixture level {mixing['level_dbfs']} dBFS, "
+        f"{mixing['segment_seconds']} s segments{_pauses(mixing)}{_augment(mixing)}"
+    )
+    if _shared_corpus(data):
+        return f"""- **Training data**: the shared development corpus (`{", ".join(data.get("speech") or [])}` speech +
+  `{", ".join(data.get("noise") or [])}` noise, {mixed}). Speech:
+  LibriSpeech (CC BY 4.0), LJSpeech (public domain), Tux Paint descriptions (GPL-2). Noise: freesound-events (no licence
+  stated; internal R&D use), Hu nonspeech (research corpus), Speech Commands background (CC BY 4.0), SoundBible
+  (per-clip terms), Tux Paint effects (GPL-2). See the corpus README for sources. **Because of the noise licences,
+  treat these weights as internal R&D material, not for redistribution.**
+- **Validation / evaluation data**: the corpus' fixed dev pairs (`{pairs_root}`; held-out LibriSpeech speakers and
+  held-out noise files at 0-15 dB SNR). They were used to pick the epoch, so the numbers below are validation numbers,
+  not a test-set result, and not comparable with VoiceBank-DEMAND or DNS Challenge results."""
+    recipe = data.get("recipe")
+    if recipe == "voicebank":
+        source = f"VoiceBank-DEMAND `{data.get('root')}` ({data.get('voicebank_trainset')} training set, its own mixtures)"
+    elif recipe == "dns":
+        source = f"the DNS Challenge tree `{data.get('root')}` (clean + noise, {mixed})"
+    else:
+        source = f"`{', '.join(data.get('speech') or [])}` speech + `{', '.join(data.get('noise') or [])}` noise, {mixed}"
+    return f"""- **Training data**: {source}. The licences are those of that data: check them before distributing these
+  weights.
+- **Evaluation data**: `{pairs_root}`. An attenuation limit swept on the same pairs (below) was chosen on them."""
+
+
 def model_card(
     name: str,
     ck: Any,
@@ -262,19 +297,10 @@ def model_card(
   frame, attention context {cfg_m.context_frames} frames, attenuation limit
   {"none" if cfg_m.max_attenuation_db is None else f"{cfg_m.max_attenuation_db:g} dB"} (`enhance-cli --max-attenuation-db`
   overrides it).
-- **Training data**: the shared development corpus (`{", ".join(data.get("speech") or [])}` speech +
-  `{", ".join(data.get("noise") or [])}` noise, dynamic mixing at SNR uniform in {data["mixing"]["snr_db"]} dB,
-  mixture level {data["mixing"]["level_dbfs"]} dBFS, {data["mixing"]["segment_seconds"]} s segments{_pauses(data["mixing"])}{_augment(data["mixing"])}). Speech:
-  LibriSpeech (CC BY 4.0), LJSpeech (public domain), Tux Paint descriptions (GPL-2). Noise: freesound-events (no licence
-  stated; internal R&D use), Hu nonspeech (research corpus), Speech Commands background (CC BY 4.0), SoundBible
-  (per-clip terms), Tux Paint effects (GPL-2). See the corpus README for sources. **Because of the noise licences,
-  treat these weights as internal R&D material, not for redistribution.**
+{_data_lines(data, evaluation["pairs_root"])}
 - **Training**: {_training(train, data, rows, "best.safetensors", run)}{" " + note if note else ""}
-- **Validation / evaluation data**: the corpus' fixed dev pairs (`{evaluation["pairs_root"]}`; held-out LibriSpeech speakers and
-  held-out noise files at 0-15 dB SNR). They were used to pick the epoch, so the numbers below are validation numbers,
-  not a test-set result, and not comparable with VoiceBank-DEMAND or DNS Challenge results.
 
-## Measured on the {evaluation["n_evaluated"]} dev pairs
+## Measured on the {evaluation["n_evaluated"]} pairs of `{evaluation["pairs_root"]}`
 
 {markdown_table(evaluation["summary"])}
 Files where a metric failed are counted in `n_failed`. Reproduce:

@@ -222,4 +222,8 @@ def test_export_writes_nothing_until_everything_it_needs_is_there(
     (run / "config.json").write_bytes(config)
     assert export.main([*common, "--attenuation-sweep", "none,12", "--sweep-pairs", "2"]) == 0
     assert sorted(p.name for p in bundled.iterdir()) == ["scratch.md", "scratch.safetensors"]
-    assert "| 12 |" in (bundled / "scratch.md").read_text()
+    card = (bundled / "scratch.md").read_text()
+    assert "| 12 |" in card
+    # trained on other data than the shared corpus: the card does not claim the corpus or its licences
+    assert "shared development corpus" not in card and "LibriSpeech" not in card
+    assert f"`{tree.speech}` speech" in card and "The licences are those of that data" in card
