@@ -54,14 +54,14 @@ class StreamingEnhancer:
         int8 NativeStepper (``native-fp16``, ``native-int8``), which are close to them. A backend with
         ``run_frames`` (NativeStepper) also does the analysis, synthesis and overlap-add of each frame (in C); for
         the rest they run here with :mod:`enhance.stft` (PyTorch, on the model's device and dtype)."""
-        if not (isinstance(channels, int) and 1 <= channels <= MAX_CHANNELS):
+        if not (isinstance(channels, (int, np.integer)) and 1 <= channels <= MAX_CHANNELS):
             raise ValueError(f"channels must be an integer from 1 to {MAX_CHANNELS}, got {channels!r}")
         self.model, self.with_competition = model.eval(), with_competition
         self.backend = backend if backend is not None else model
         self.cfg = model.cfg.stft
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.channels = channels
+        self.channels = int(channels)
         self._run_frames = getattr(self.backend, "run_frames", None)
         self.state = self._new_state()
         # competition scores of the frames output by the last process()/flush() call: per TIM layer [C, m, n_s]

@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--time-budget-minutes",
         type=float,
-        help="stop (resumably) when this many minutes of training are spent; a resumed run may change it",
+        help="stop (resumably) when this many minutes of training are spent; a resumed run may change it (inf: no "
+        "limit, which also removes a saved one)",
     )
     g.add_argument("--max-steps-per-epoch", type=int)
     g.add_argument("--segment-seconds", type=float)
