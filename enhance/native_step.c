@@ -453,11 +453,10 @@ static Norm take_norm(const float **cur, int64_t *total, int n) {
 
 void tim_model_free(void *mp);
 
-/* float16 or int8 mode: every matrix converted once into m->reduced (int8: symmetric, one scale per output column
- * of each group, the largest |W| of the column mapped to 127). Returns 0 when out of memory. */
 /* memory for the converted or repacked matrices, in 2 MiB pages where Linux grants them: every frame reads all
- * of it (22 MiB in float32), and in 4 KiB pages the reads wait on the TLB (the C step at 1-s chunks took 1.5x
- * the time, at 16-ms chunks 1.02x; a hint only, ordinary pages otherwise) */
+ * of it (22 MiB in float32), and in 4 KiB pages the reads wait on the TLB (the tiled float32 step took about
+ * 1.4x the time at 1-s chunks and 1.06x at 16-ms chunks without them, two A/B runs against the same base; a hint
+ * only, ordinary pages otherwise) */
 static void *alloc_matrices(size_t bytes) {
     const size_t huge = (size_t)2 << 20;
     bytes = (bytes + huge - 1) / huge * huge;
@@ -511,6 +510,8 @@ static int pack_weights(Model *m) {
 }
 #endif
 
+/* float16 or int8 mode: every matrix converted once into m->reduced (int8: symmetric, one scale per output column
+ * of each group, the largest |W| of the column mapped to 127). Returns 0 when out of memory. */
 static int reduce_weights(Model *m) {
     GroupLinear *all[MAX_MATRICES];
     const int n_all = matrices(m, all);
