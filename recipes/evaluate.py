@@ -83,25 +83,30 @@ def summarize(
     keys: Sequence[str] = METRIC_KEYS,
 ) -> dict[str, dict[str, float]]:
     """Per system of ``systems`` (rows carry ``system`` and the file's ``name``): the mean of each of ``keys`` over
-    the files where it is finite for every system (NaN when there are none), ``n_files`` and ``n_failed``. The
-    rows of a table are then means over the same files: a system whose output makes a metric fail on a file (PESQ
-    of an all-zero output) does not leave that file out of its own mean alone.
+    the files where it is finite for every system that scored any file on it (NaN when there are none), ``n_files``
+    and ``n_failed``. The rows of a table are then means over the same files: a system whose output makes a metric
+    fail on a file (PESQ of an all-zero output) does not leave that file out of its own mean alone. A system that
+    failed on every file has NaN there and does not narrow the others' files.
 
     ``n_failed`` counts files where any of ``metrics`` (those actually computed) is NaN.
     """
     out: dict[str, dict[str, float]] = {}
     by_system = {system: {r["name"]: r for r in rows if r["system"] == system} for system in systems}
+
+    def finite(system: str, name: str, key: str) -> bool:
+        row = by_system[system].get(name)
+        return row is not None and math.isfinite(float(row[key]))
+
+    common: dict[str, set[str]] = {}
+    for key in keys:
+        scoring = [s for s in systems if any(finite(s, n, key) for n in by_system[s])]
+        names = set().union(*(by_system[s] for s in scoring)) if scoring else set()
+        common[key] = {n for n in names if all(finite(s, n, key) for s in scoring)}
     for system in systems:
         mine = list(by_system[system].values())
         entry: dict[str, float] = {}
         for key in keys:
-            values = [
-                float(r[key])
-                for name, r in by_system[system].items()
-                if all(
-                    name in other and math.isfinite(float(other[name][key])) for other in by_system.values()
-                )
-            ]
+            values = [float(r[key]) for name, r in by_system[system].items() if name in common[key]]
             entry[key] = float(np.mean(values)) if values else math.nan
         entry["n_files"] = len(mine)
         entry["n_failed"] = sum(1 for r in mine if any(not math.isfinite(float(r[k])) for k in metrics))

@@ -112,12 +112,17 @@ def pair_folders(
             f"{root}: found the {layout} layout ({noisy_dir} and {clean_dir}) but no noisy file pairs with a "
             f"clean file ({len(noisy)} noisy, {len(clean)} clean audio files)"
         )
-    pairs = [Pair(_display_name(k, noisy[k]), noisy[k], clean[k]) for k in common]
+    names = [_display_name(k, noisy[k]) for k in common]
+    clash = {n for n in names if names.count(n) > 1}  # x.wav and x.flac: per-file tables are keyed by name
+    pairs = [
+        Pair(noisy[k].name if n in clash else n, noisy[k], clean[k])
+        for k, n in zip(common, names, strict=True)
+    ]
     return Discovery(layout, root, pairs, warnings)
 
 
 def _display_name(key: str, noisy: Path) -> str:
-    """``fileid_12`` for DNS keys, the file stem otherwise."""
+    """``fileid_12`` for DNS keys, the file stem otherwise (the file name where two stems are the same)."""
     return key if _FILEID.fullmatch(key) else noisy.stem
 
 

@@ -74,6 +74,14 @@ def test_dev_layout_pairs_by_name(tmp_path: Path, sub: str) -> None:
     assert warnings == found.warnings
 
 
+def test_pairs_whose_stems_clash_are_named_by_file_name(tmp_path: Path) -> None:
+    """x.wav and x.flac are two pairs: per-file tables are keyed by the name, so one was left out of the means."""
+    for name in ("h.flac", "h.wav", "k.wav"):
+        write(tmp_path / "noisy" / name, tiny_tone())
+        write(tmp_path / "clean" / name, tiny_tone())
+    assert [p.name for p in discover_pairs(tmp_path).pairs] == ["h.flac", "h.wav", "k"]
+
+
 def make_dns(folder: Path, ids: list[int]) -> None:
     for i in ids:
         write(folder / "noisy" / f"clnsp{i}_fan_{i * 7}_snr{i % 20}_tl-25_fileid_{i}.wav", tiny_tone(i))
@@ -318,3 +326,8 @@ def test_summary_rows_are_means_over_the_same_files() -> None:
     assert out["noisy"]["pesq"] == 2.0 and out["enhanced"]["pesq"] == 3.0  # file b only
     assert out["noisy"]["stoi"] == pytest.approx(0.6) and out["enhanced"]["stoi"] == pytest.approx(0.7)
     assert (out["noisy"]["n_failed"], out["enhanced"]["n_failed"]) == (0, 1)
+    # a system that failed on every file is NaN itself and does not blank the others' means
+    broken = [{"name": n, "system": "broken", "pesq": nan, "stoi": nan} for n in ("a", "b")]
+    out = summarize(rows + broken, ("pesq", "stoi"), ("noisy", "enhanced", "broken"), ("pesq", "stoi"))
+    assert out["noisy"]["pesq"] == 2.0 and out["enhanced"]["stoi"] == pytest.approx(0.7)
+    assert math.isnan(out["broken"]["pesq"]) and out["broken"]["n_failed"] == 2
