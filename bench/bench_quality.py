@@ -155,7 +155,12 @@ def parse_checkpoints(items: Sequence[str]) -> dict[str, Path]:
 
 
 def system_names(model: str | None, checkpoints: dict[str, Path], systems: str | None) -> list[str]:
-    """The systems to run, in table order. ValueError for an unknown name."""
+    """The systems to run, in table order. ValueError for an unknown name, or a checkpoint named like the
+    bundled model's row (that row, not the checkpoint, would have run under the name)."""
+    if model and f"tim-{model}" in checkpoints:
+        raise ValueError(
+            f"--checkpoint name 'tim-{model}' is the bundled model's row (--model {model}); rename it"
+        )
     ours = ([f"tim-{model}"] if model else []) + list(checkpoints)
     if systems is None:
         return [*ours, *peers.PEERS]
@@ -198,10 +203,21 @@ def _reason(exc: BaseException) -> str:
 
 
 def calibration_audio(path: Path | None) -> tuple[np.ndarray, str]:
-    """The calibration signal and its description; bench/peers.py's generated one if the file is absent."""
-    if path is not None and path.is_file():
-        return load_mono_16k(path)[0], str(path)
-    return peers.calibration_signal(), "generated speech-like signal (bench/peers.py)"
+    """The calibration signal and its description: the file (ValueError if it is missing, unreadable or too quiet
+    to measure a delay on), or bench/peers.py's generated one when ``path`` is None or the default file is absent
+    (an installed package without examples/)."""
+    if path is None or (path == DEFAULT_CALIBRATION and not path.is_file()):
+        return peers.calibration_signal(), "generated speech-like signal (bench/peers.py)"
+    try:
+        signal = load_mono_16k(path)[0]
+    except EnhanceError as exc:
+        raise ValueError(f"--calibration: {exc}") from None
+    if len(signal) < 2 * MAX_LAG or float(np.sqrt(np.mean(signal**2))) < 1e-3:
+        raise ValueError(
+            f"--calibration {path}: too short or too quiet to measure delays on (needs over "
+            f"{2 * MAX_LAG / RATE:.1f} s of sound above -60 dBFS RMS)"
+        )
+    return signal, str(path)
 
 
 def calibrate(entry: Entry, signal: np.ndarray) -> None:
@@ -423,7 +439,10 @@ def write_reports(
     write_csv(out / "per_file.csv", PER_FILE_COLUMNS, per_file)
     write_csv(out / "summary.csv", SUMMARY_COLUMNS, rows)
     write_text(out / "summary.md", md)
-    return plot(out / "summary.png", rows, ours)
+    why = plot(out / "summary.png", rows, ours)
+    if why:  # an earlier run's figure would contradict the tables beside it
+        (out / "summary.png").unlink(missing_ok=True)
+    return why
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -481,6 +500,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         checkpoints = parse_checkpoints(args.checkpoint)
         names = system_names(args.model or None, checkpoints, args.systems)
         entries = build_systems(names, args.model or None, checkpoints)
+        signal, calibration = calibration_audio(args.calibration)
+        if args.out.exists() and not args.out.is_dir():  # found now, not after the whole run
+            raise ValueError(f"--out {args.out}: exists and is not a folder")
     except (ValueError, KeyError, CheckpointError, OSError) as exc:
         _stderr(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}")
         return 2
@@ -489,7 +511,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     pairs = found.pairs[: args.limit] if args.limit else found.pairs
     _stderr(f"{found.layout} layout: {len(found.pairs)} pairs under {found.root}, scoring {len(pairs)}")
 
-    signal, calibration = calibration_audio(args.calibration)
     for e in entries:
         if e.system is None:
             continue
@@ -538,11 +559,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 {**base, "system": e.name, **scores, "compute_s": e.compute_s - before, "error": error}
             )
 
+    if not any(r["system"] == "noisy" for r in per_file):  # before writing: earlier results stay as they were
+        _stderr(f"error: no file could be scored; nothing written to {args.out}")
+        return 1
     means = summarize(per_file, computed, systems=["noisy", *(e.name for e in running)])
     rows = summary_rows(entries, means)
     notes = [n for e in running for n in e.notes]
     if skipped:
         notes.append(f"{skipped} pair(s) skipped: unreadable files")
+    notes += [
+        f"test set: {w}" for w in found.warnings
+    ]  # unpaired files, in the table's notes, not only stderr
     header = header_text(shown_argv, found.layout, found.root, len(pairs), scorer is not None, calibration)
     md = markdown(rows, entries, header, table_notes(entries, notes))
     ours = {e.name for e in running if isinstance(e.system, peers.TimSystem)}
@@ -551,9 +578,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if why:
         _stderr(f"warning: {why}")
     _stderr(f"wrote {args.out}/per_file.csv, summary.csv, summary.md" + ("" if why else ", summary.png"))
-    if not any(r["system"] == "noisy" for r in per_file):
-        _stderr("error: no file could be scored")
-        return 1
     return 0
 
 

@@ -19,6 +19,7 @@ from types import ModuleType
 
 import numpy as np
 import pytest
+import soundfile as sf
 
 from tests.audio_trees import dev_pairs
 from tests.conftest import speech_like
@@ -222,3 +223,44 @@ def test_missing_peer_is_reported_not_fatal(
     # bad requests are refused before any work
     assert bench.main([*argv, "--systems", "tiny,nonexistent", "--out", str(out)]) == 2
     assert bench.main([*argv, "--checkpoint", "tiny=x", "--out", str(out)]) == 2  # name given twice
+
+
+def test_bad_requests_are_refused_before_any_work(tiny_set: tuple[Path, Path], tmp_path: Path) -> None:
+    """Each of these once ran to the end and printed a misleading table (or lost it) with exit 0 or 1."""
+    bench = _bench_module("bench_quality")
+    pairs, ckpt = tiny_set
+    argv = ["--pairs", str(pairs), "--limit", "1", "--no-dnsmos", "--systems", "tim-default,delay:100"]
+    silent = tmp_path / "silent.wav"
+    sf.write(silent, np.zeros(32000, np.float32), 16000)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    out = ["--out", str(tmp_path / "o")]
+    for extra in (
+        ["--checkpoint", f"tim-default={ckpt}", *out],  # would have run the bundled model under that name
+        ["--calibration", str(silent), *out],  # no delay can be measured: peers were scored unaligned
+        [
+            "--calibration",
+            str(tmp_path / "missing.wav"),
+            *out,
+        ],  # was replaced by the generated signal silently
+        ["--out", str(a_file)],  # failed after the whole run
+    ):
+        assert bench.main([*argv, *extra]) == 2, extra
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_run_that_scores_nothing_leaves_earlier_results(
+    tiny_set: tuple[Path, Path], tmp_path: Path
+) -> None:
+    bench = _bench_module("bench_quality")
+    pairs, _ = tiny_set
+    out = tmp_path / "out"
+    argv = ["--no-dnsmos", "--systems", "delay:100", "--out", str(out)]
+    assert bench.main(["--pairs", str(pairs), "--limit", "1", *argv]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    bad = tmp_path / "bad"
+    for side in ("noisy", "clean"):
+        (bad / side).mkdir(parents=True)
+        (bad / side / "x.wav").write_bytes(b"RIFF broken")
+    assert bench.main(["--pairs", str(bad), *argv]) == 1
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
