@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -32,10 +33,12 @@ COLUMNS = ["metric", "n", "base", "new", "diff", "ci_low", "ci_high", "new_bette
 
 
 def read_side(spec: str) -> tuple[str, dict[str, dict[str, str]]]:
-    """``FILE:SYSTEM`` -> (label, rows of that system by file name). Raises ValueError with a clear reason."""
-    path, sep, system = spec.rpartition(":")
-    if not sep or not path or not system:
-        raise ValueError(f"expected FILE:SYSTEM, got {spec!r}")
+    """``FILE:SYSTEM`` -> (label, rows of that system by file name). Raises ValueError with a clear reason. The
+    file is split off at its ``.csv:``, since system names have colons of their own (``webrtc:1``, ``delay:N``)."""
+    match = re.fullmatch(r"(.+?\.csv):(.+)", spec, flags=re.IGNORECASE)
+    if match is None:
+        raise ValueError(f"expected FILE.csv:SYSTEM, got {spec!r}")
+    path, system = match.groups()
     try:
         rows = read_csv(Path(path))
     except OSError as e:

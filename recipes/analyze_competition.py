@@ -37,11 +37,14 @@ from recipes.pairs import discover_pairs
 
 
 def vad_labels(clean: np.ndarray, ck: Checkpoint, vad_db: float) -> np.ndarray:
-    """Per model frame: True where the clean frame's energy is within ``vad_db`` dB of the loudest frame."""
+    """Per model frame: True where the clean frame's energy is within ``vad_db`` dB of the loudest frame and the
+    frame is not digital silence (below -80 dBFS RMS: a silent clean file has no speech frames, not all of them)."""
     spec = stft(torch.from_numpy(clean), ck.config.stft)
     energy = (spec.abs() ** 2).sum(-1).numpy()
     level = 10 * np.log10(energy + 1e-12)
-    return level > level.max() - vad_db
+    # a frame at RMS r has about r^2 n_fft^2 / 4 over the one-sided bins (Parseval, a window with sum w^2 = n / 2)
+    floor = 10 * np.log10(1e-4**2 * ck.config.stft.n_fft**2 / 4)
+    return (level > level.max() - vad_db) & (level > floor)
 
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -119,7 +122,7 @@ def analyze(
         )
     result_json = {
         "model": ck.name,
-        "files": len(pairs),
+        "files": len(labels),  # the pairs analysed (an unreadable one is skipped)
         "frames": len(vad),
         "speech_frames": int(vad.sum()),
         "vad_db": vad_db,

@@ -104,3 +104,14 @@ def test_command_errors_are_messages_and_a_bad_file_is_skipped(tmp_path: Path, c
     )
     assert "skipped 0002" in capsys.readouterr().err
     assert (tmp_path / "out" / "maps_0001.png").is_file()
+
+
+def test_a_silent_clean_file_has_no_speech_frames() -> None:
+    """Within 30 dB of its own maximum, digital silence was labelled speech in every frame."""
+    from models.pretrained import load_pretrained
+    from recipes.analyze_competition import vad_labels
+
+    ck = load_pretrained()
+    assert not vad_labels(np.zeros(16000, np.float32), ck, 30.0).any()
+    x = speech_like(1.0, seed=3)
+    assert vad_labels(x, ck, 30.0).mean() > 0.3  # real sound keeps its labels (speech_like has pauses)

@@ -74,7 +74,7 @@ def test_mismatched_or_bad_inputs_are_errors(tmp_path: Path) -> None:
     r = _run("--base", f"{base}:nope", "--new", f"{new}:s")
     assert r.returncode == 2 and "no rows of system 'nope' (it has: s)" in r.stderr
     r = _run("--base", str(base), "--new", f"{new}:s")
-    assert r.returncode == 2 and "expected FILE:SYSTEM" in r.stderr
+    assert r.returncode == 2 and "expected FILE.csv:SYSTEM" in r.stderr
     r = _run("--base", f"{tmp_path / 'absent.csv'}:s", "--new", f"{new}:s")
     assert r.returncode == 2 and "cannot read" in r.stderr and "Traceback" not in r.stderr
     r = _run("--base", f"{base}:s", "--new", f"{base}:s", "--metrics", "dnsmos_ovrl")
@@ -94,3 +94,18 @@ def test_an_interval_does_not_depend_on_the_other_metrics(tmp_path: Path) -> Non
         with open(tmp_path / order / "summary.csv", newline="") as f:
             got.append(next(row for row in csv.DictReader(f) if row["metric"] == "pesq")["ci_low"])
     assert len(set(got)) == 1
+
+
+def test_system_names_with_colons(tmp_path: Path) -> None:
+    """webrtc:1, delay:N and noisereduce:stationary are bench_quality's own row names."""
+    rows = [
+        ("a", "webrtc:1", 1.0, 0.5),
+        ("b", "webrtc:1", 2.0, 0.6),
+        ("a", "noisy", 0.5, 0.4),
+        ("b", "noisy", 1.0, 0.5),
+    ]
+    table = _table(tmp_path / "q.csv", rows)
+    r = _run(
+        "--base", f"{table}:noisy", "--new", f"{table}:webrtc:1", "--metrics", "pesq", "--out", tmp_path / "o"
+    )
+    assert r.returncode == 0, r.stderr
