@@ -1,7 +1,7 @@
 """Streaming speed by chunk size and backend: which backend to pick for which caller.
 
     python bench/bench_chunk_sizes.py [--model default | --checkpoint PATH] [--seconds 10] [--rounds 3]
-        [--backends pytorch,torchscript,onnxruntime,onnxruntime-int8]
+        [--backends pytorch,torchscript,native,native-fp16,native-int8,onnxruntime,onnxruntime-int8]
 
 The streaming engine runs the same audio fed in chunks of 256 (one 16 ms hop), 512, 800, 1600, 4800 and 16000
 samples, once per backend (``enhance.backends``), on one CPU thread in this process, after an untimed warm-up.
@@ -80,6 +80,9 @@ def main() -> int:
     ap.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated (default: %(default)s)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "chunk-sizes.md"))
     args = ap.parse_args()
+    unknown = [b for b in args.backends.split(",") if b not in BACKENDS]
+    if unknown:  # a typo is a usage error, not a "Not run" row
+        ap.error(f"unknown backend(s) {', '.join(unknown)}; known: {', '.join(BACKENDS)}")
     torch.set_num_threads(1)
     ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
     model = ck.model.eval()

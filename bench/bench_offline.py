@@ -8,7 +8,7 @@
   (default 60 min), read from the kernel (``getrusage`` of the child), model loading included.
 
 The audio is generated (harmonic speech-like signal + noise); the speed does not depend on the content. Prints a
-Markdown table and writes it to ``bench/results/offline-<device>.md``.
+Markdown table and writes it to ``bench/results/offline-<device>.md`` (``--out`` another file for trial runs).
 """
 
 from __future__ import annotations
@@ -83,7 +83,16 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, help="the table's file (default: bench/results/offline-<device>.md)")
     args = ap.parse_args()
+    try:
+        return run(args)
+    except RuntimeError as exc:  # enhance-cli's own message (a missing checkpoint, a bad device)
+        print(f"error: {str(exc).strip()}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
     model_args = ["--checkpoint", args.checkpoint] if args.checkpoint else ["--model", args.model]
     model_args += ["--device", args.device]
     rows = []
@@ -134,9 +143,11 @@ def main() -> int:
     )
     text = header + "\n" + table + "\n"
     print(text)
-    out = ROOT / "bench" / "results" / f"offline-{args.device.replace(':', '')}.md"
+    out = args.out or ROOT / "bench" / "results" / f"offline-{args.device.replace(':', '')}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    tmp = out.with_name(f".{out.name}.tmp")  # a stopped run leaves the old table whole
+    tmp.write_text(text)
+    os.replace(tmp, out)
     return 0
 
 

@@ -19,7 +19,7 @@ install is reported as such. The audio is generated speech-like sound plus noise
 the peers outside the timed region. tim-enhance first runs 1 s of audio untimed (then resets the engine):
 first-call allocations and TorchScript's specialisation are start-up, not streaming. Every system runs ``--rounds``
 times, round-robin (timings on a shared machine drift), and its fastest run is reported. Prints a Markdown table and
-writes ``bench/results/streaming.md``.
+writes ``bench/results/streaming.md`` (``--out`` another file for trial runs).
 """
 
 from __future__ import annotations
@@ -161,6 +161,12 @@ def main() -> int:
         default=3,
         help="runs per system, round-robin; the fastest is reported (default 3)",
     )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "bench" / "results" / "streaming.md",
+        help="the table's file (default: the one the README cites; give another for trial runs)",
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     model_args = {"checkpoint": args.checkpoint or "", "model": args.model}
@@ -216,10 +222,16 @@ def main() -> int:
         "|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )
     print(header + table)
-    out = ROOT / "bench" / "results" / "streaming.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(header + table)
+    write_atomically(args.out, header + table)
     return 0
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file beside it (a stopped run leaves the old table whole)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
