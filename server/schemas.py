@@ -141,6 +141,11 @@ class StreamStart(BaseModel):
     format: Literal["s16le", "f32le"] = "s16le"
     model: str | None = None
     api_key: str | None = Field(None, description="for browsers, which cannot set headers on WebSockets")
+    resampling: Literal["high", "low_latency"] = Field(
+        "high",
+        description="when sample_rate is not 16000: soxr's HQ filters (the offline path's), or its LQ ones, which "
+        "hold back less audio (at 48 kHz about 39 ms instead of 67; the output is then not the POST's to the bit)",
+    )
 
 
 class StreamReady(BaseModel):
@@ -149,5 +154,11 @@ class StreamReady(BaseModel):
     sample_rate: int
     channels: int
     format: str
-    latency_ms: float = Field(description="the engine's algorithmic delay (resampling adds a little)")
+    latency_ms: float = Field(
+        description="audio held back at most, in steady state: the engine's algorithmic delay plus resampling_ms"
+    )
+    engine_latency_ms: float = Field(description="the engine's algorithmic delay (window + lookahead)")
+    resampling_ms: float = Field(
+        description="the most audio the two resamplers hold back (0 at 16 kHz), measured with 10 ms frames"
+    )
     engine_sample_rate: int = 16000

@@ -10,17 +10,23 @@ Protocol (client -> server, server -> client):
    channel sent back in all, equal to the number received) and a normal close (1000).
 
 Errors: ``{"type": "error", "code": ..., "error": ...}`` then close 1003 (data the server cannot take: binary
-where JSON was expected, a frame that is not whole samples, NaN/inf samples, unknown message) or 1008 (bad start
-message, API key, unknown model, stream over the length limit), 1013 when busy or still loading.
+where JSON was expected, a frame that is not whole samples, NaN/inf samples or float samples beyond ±1000,
+unknown message) or 1008 (bad start message, API key, unknown model, stream over the length limit, a client that
+reads nothing for the idle timeout), 1013 when busy or still loading. Frames over 16 MiB are closed 1009 by the
+WebSocket layer itself, with no JSON message.
 
-Each connection has its own :class:`enhance.streaming.StreamingEnhancer` (and soxr streams when the rate is not
-16 kHz); model calls run in a worker thread, never on the event loop.
+A stream slot (``--max-streams``) is taken once the start message has passed the API-key check, so connections
+that never authenticate cannot hold the slots. At a rate other than 16 kHz, soxr resamples each way and holds
+back audio of its own (``ready.resampling_ms``; ``"resampling": "low_latency"`` in the start message takes
+soxr's LQ filters, which hold back less). Each connection has its own :class:`enhance.streaming.StreamingEnhancer`;
+model calls run in a worker thread, never on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import Callable
@@ -45,7 +51,7 @@ from server.schemas import StreamReady, StreamStart
 log = logging.getLogger("server")
 
 UNSUPPORTED_DATA, POLICY, TRY_LATER = 1003, 1008, 1013
-START_TIMEOUT_S = 10.0  # for the first message (a connection holds a stream slot while it waits)
+START_TIMEOUT_S = 10.0  # for the first message (no stream slot is held while it waits)
 INBOX_MESSAGES = 64  # messages read ahead of the model
 MAX_BATCH_S = 1.0  # most audio enhanced in one model call when frames queued up
 
@@ -62,15 +68,41 @@ class StreamError(Exception):
         self.code, self.message, self.close_code = code, message, close_code
 
 
+SOXR_QUALITY = {"high": "HQ", "low_latency": "LQ"}
+MAX_FLOAT_SAMPLE = 1000.0  # f32le beyond this is not audio (the STFT of 3e38 overflows to NaN)
+
+
+@functools.lru_cache(maxsize=64)
+def resampling_ms(rate: int, resampling: str) -> float:
+    """The most audio a stream's two resamplers hold back in steady state (ms), fed 10 ms frames: soxr's streams
+    compensate their filters' delay by holding samples back. 0 at the engine's rate."""
+    if rate == MODEL_RATE:
+        return 0.0
+    quality = SOXR_QUALITY[resampling]
+    down = soxr.ResampleStream(rate, MODEL_RATE, 1, dtype="float32", quality=quality)
+    up = soxr.ResampleStream(MODEL_RATE, rate, 1, dtype="float32", quality=quality)
+    step, fed, out, held = max(1, rate // 100), 0, 0, []
+    frame = np.zeros(step, np.float32)
+    for _ in range(100):  # 1 s; the first 100 ms are start-up
+        out += len(up.resample_chunk(down.resample_chunk(frame)))
+        fed += step
+        held.append(fed - out)
+    return round(1000.0 * max(held[10:]) / rate, 1)
+
+
 class Session:
     """One stream's engine, resamplers and counters (used from one task; model calls in a thread)."""
 
     def __init__(self, engine: StreamingEnhancer, start: StreamStart) -> None:
         self.engine, self.start = engine, start
         rate, ch = start.sample_rate, start.channels
-        same = rate == MODEL_RATE
-        self.down = None if same else soxr.ResampleStream(rate, MODEL_RATE, ch, dtype="float32", quality="HQ")
-        self.up = None if same else soxr.ResampleStream(MODEL_RATE, rate, ch, dtype="float32", quality="HQ")
+        same, quality = rate == MODEL_RATE, SOXR_QUALITY[start.resampling]
+        self.down = (
+            None if same else soxr.ResampleStream(rate, MODEL_RATE, ch, dtype="float32", quality=quality)
+        )
+        self.up = (
+            None if same else soxr.ResampleStream(MODEL_RATE, rate, ch, dtype="float32", quality=quality)
+        )
         self.received = 0  # samples per channel in
         self.sent = 0  # samples per channel out
 
@@ -131,28 +163,50 @@ def _parse_start(msg: Message) -> StreamStart:
         raise StreamError("bad_start", f"{where}: {first.get('msg', 'invalid')}", POLICY) from None
 
 
+SEND_ERROR_TIMEOUT_S = 5.0  # a client that reads nothing must not keep the handler waiting to tell it so
+
+
 async def _send_error(ws: WebSocket, err: StreamError, metrics: Metrics) -> None:
     metrics.rejections.inc(reason=err.code)
     with contextlib.suppress(Exception):
-        await ws.send_json({"type": "error", "code": err.code, "error": err.message})
-        await ws.close(err.close_code, reason=err.message.encode()[:120].decode(errors="ignore"))
+        await asyncio.wait_for(
+            ws.send_json({"type": "error", "code": err.code, "error": err.message}), SEND_ERROR_TIMEOUT_S
+        )
+        await asyncio.wait_for(
+            ws.close(err.close_code, reason=err.message.encode()[:120].decode(errors="ignore")),
+            SEND_ERROR_TIMEOUT_S,
+        )
+
+
+async def _send(ws: WebSocket, data: bytes, timeout: float) -> None:
+    """Send enhanced audio; a client that has read nothing for ``timeout`` s loses its stream (its slot held
+    otherwise: the reader waits on the full inbox, not on a receive, so the idle timeout never starts)."""
+    try:
+        await asyncio.wait_for(ws.send_bytes(data), timeout)
+    except asyncio.TimeoutError:
+        raise StreamError("slow_client", f"the client read nothing for {timeout:g} s", POLICY) from None
 
 
 async def stream_endpoint(ws: WebSocket) -> None:
     state = ws.app.state
     cfg, metrics = state.config, state.metrics
     await ws.accept()
-    if state.streams_open >= cfg.max_streams:
-        metrics.streams_total.inc(outcome="error")
-        await _send_error(
-            ws, StreamError("busy", f"all {cfg.max_streams} streams are in use", TRY_LATER), metrics
-        )
-        return
-    state.streams_open += 1
-    metrics.streams.inc()
+    slot = False
     outcome = "error"
     try:
-        outcome = await _serve(ws)
+        msg = await _receive(ws, min(cfg.stream_idle_timeout_s, START_TIMEOUT_S))  # before auth: be brief
+        if msg["type"] == "websocket.disconnect":
+            outcome = "disconnected"
+            return
+        start = _parse_start(msg)
+        if not key_matches(start.api_key or key_from_headers(ws.headers), cfg.api_key):
+            raise StreamError("unauthorized", "missing or wrong API key", POLICY)
+        if state.streams_open >= cfg.max_streams:
+            raise StreamError("busy", f"all {cfg.max_streams} streams are in use", TRY_LATER)
+        state.streams_open += 1
+        metrics.streams.inc()
+        slot = True
+        outcome = await _serve(ws, start)
     except StreamError as err:
         await _send_error(ws, err, metrics)
     except WebSocketDisconnect:
@@ -161,20 +215,15 @@ async def stream_endpoint(ws: WebSocket) -> None:
         log.exception("stream failed")
         await _send_error(ws, StreamError("internal_error", "internal server error", 1011), metrics)
     finally:
-        state.streams_open -= 1
-        metrics.streams.dec()
+        if slot:
+            state.streams_open -= 1
+            metrics.streams.dec()
         metrics.streams_total.inc(outcome=outcome)
 
 
-async def _serve(ws: WebSocket) -> str:
+async def _serve(ws: WebSocket, start: StreamStart) -> str:
     state = ws.app.state
     cfg = state.config
-    msg = await _receive(ws, min(cfg.stream_idle_timeout_s, START_TIMEOUT_S))  # before auth: be brief
-    if msg["type"] == "websocket.disconnect":
-        return "disconnected"
-    start = _parse_start(msg)
-    if not key_matches(start.api_key or key_from_headers(ws.headers), cfg.api_key):
-        raise StreamError("unauthorized", "missing or wrong API key", POLICY)
     try:
         lm = state.store.get(start.model, cfg.retry_after_s)
     except ApiError as exc:
@@ -182,19 +231,22 @@ async def _serve(ws: WebSocket) -> str:
     engine = StreamingEnhancer(lm.checkpoint.model, start.channels, backend=lm.stream_backend)
     session = Session(engine, start)
     limit = int(cfg.max_stream_s * start.sample_rate)
+    resampling = resampling_ms(start.sample_rate, start.resampling)
     ready = StreamReady(
         model=lm.name,
         sample_rate=start.sample_rate,
         channels=start.channels,
         format=start.format,
-        latency_ms=session.engine.latency_ms,
+        latency_ms=session.engine.latency_ms + resampling,
+        engine_latency_ms=session.engine.latency_ms,
+        resampling_ms=resampling,
         engine_sample_rate=MODEL_RATE,
     )
     await ws.send_json(ready.model_dump())
     inbox: asyncio.Queue[Message | StreamError] = asyncio.Queue(maxsize=INBOX_MESSAGES)
     reader = asyncio.create_task(_read_into(ws, inbox, cfg.stream_idle_timeout_s))
     try:
-        return await _process(ws, inbox, session, limit)
+        return await _process(ws, inbox, session, limit, cfg.stream_idle_timeout_s)
     finally:
         await _stop_reader(reader, inbox)
 
@@ -233,11 +285,17 @@ def _decode(msg: Message, start: StreamStart) -> np.ndarray:
         raise StreamError("bad_frame", str(exc), UNSUPPORTED_DATA) from None
     if not np.isfinite(x).all():
         raise StreamError("nan_samples", "frame contains NaN or infinite samples", UNSUPPORTED_DATA)
+    if start.format == "f32le" and float(np.abs(x).max(initial=0.0)) > MAX_FLOAT_SAMPLE:
+        raise StreamError(
+            "bad_samples",
+            f"float samples beyond ±{MAX_FLOAT_SAMPLE:g} (expected about [-1, 1])",
+            UNSUPPORTED_DATA,
+        )
     return x
 
 
 async def _process(
-    ws: WebSocket, inbox: asyncio.Queue[Message | StreamError], session: Session, limit: int
+    ws: WebSocket, inbox: asyncio.Queue[Message | StreamError], session: Session, limit: int, idle_s: float
 ) -> str:
     """Enhance the audio messages in order. Frames that queued up while the model ran are enhanced in one call
     (the engine gives the same samples for any split), so a stream that fell behind catches up."""
@@ -270,7 +328,7 @@ async def _process(
             y = await anyio.to_thread.run_sync(_in_worker, session.process, x)
             metrics.audio_seconds.inc(n / start.sample_rate, route="/v1/stream")
             if y.shape[1]:
-                await ws.send_bytes(encode_pcm(y, start.format))
+                await _send(ws, encode_pcm(y, start.format), idle_s)
             continue
         try:
             message = json.loads(msg.get("text") or "")
@@ -282,7 +340,7 @@ async def _process(
             )
         y = await anyio.to_thread.run_sync(_in_worker, session.finish)
         if y.shape[1]:
-            await ws.send_bytes(encode_pcm(y, start.format))
+            await _send(ws, encode_pcm(y, start.format), idle_s)
         await ws.send_json({"type": "done", "samples": session.sent})
         await ws.close(1000)
         return "done"

@@ -347,7 +347,9 @@ def _start(ws: ClientConnection, **start: Any) -> dict[str, Any]:
 def _stream(server: RunningServer, pcm: bytes, start: dict[str, Any], sizes: list[int]) -> tuple[bytes, dict]:
     with connect(f"{server.ws_url}/v1/stream", open_timeout=30) as ws:
         ready = _start(ws, **start)
-        assert ready["latency_ms"] == 48.0 and ready["sample_rate"] == start["sample_rate"]
+        assert ready["engine_latency_ms"] == 48.0 and ready["sample_rate"] == start["sample_rate"]
+        assert (ready["resampling_ms"] == 0) == (start["sample_rate"] == 16000)
+        assert ready["latency_ms"] == pytest.approx(48.0 + ready["resampling_ms"])
         i = k = 0
         while i < len(pcm):
             ws.send(pcm[i : i + sizes[k % len(sizes)]])
@@ -394,6 +396,36 @@ def test_stream_equals_offline(
     assert np.abs(y - ref).max() <= tol
 
 
+@pytest.mark.parametrize(("rate", "resampling"), [(48000, "high"), (48000, "low_latency"), (44100, "high")])
+def test_stream_holds_back_no_more_than_it_announces(
+    server: RunningServer, rate: int, resampling: str
+) -> None:
+    """ready.latency_ms counts the resamplers too (it said 48 at every rate; a 48 kHz stream held back about
+    115 ms): in 10-ms frames, the audio sent minus the audio returned stays within it, once past the start."""
+    step = rate // 100
+    x = np.round(noisy(1.5, rate, 1, seed=5) * 32768).astype("<i2")
+    held = []
+    with connect(f"{server.ws_url}/v1/stream", open_timeout=30) as ws:
+        ready = _start(ws, sample_rate=rate, channels=1, format="s16le", resampling=resampling)
+        sent = received = 0
+        for i in range(0, len(x) - step + 1, step):
+            ws.send(x[i : i + step].tobytes())
+            sent += step
+            while True:  # everything the server returns for this frame (it answers each batch it processed)
+                try:
+                    msg = ws.recv(timeout=0.5 if received < sent - 2 * rate // 10 else 0.05)
+                except TimeoutError:
+                    break
+                received += len(msg) // 2
+            held.append(1000.0 * (sent - received) / rate)
+        ws.send(json.dumps({"type": "end"}))
+    steady = held[20:]  # past the first 200 ms
+    assert max(steady) <= ready["latency_ms"] + 10.0 + 1.0, (max(steady), ready)  # + one frame in flight
+    assert ready["resampling_ms"] > 0
+    if resampling == "low_latency":
+        assert ready["resampling_ms"] < 50  # soxr LQ at 48 kHz: about 39 ms (HQ: about 67)
+
+
 STREAM_ERRORS = [
     ("binary first", [b"\x00\x01"], 1003, "expected_start"),
     ("not JSON", ["hello"], 1008, "bad_start"),
@@ -403,6 +435,8 @@ STREAM_ERRORS = [
     ("unknown model", [json.dumps({"model": "nope"})], 1008, "model_not_found"),
     ("odd frame", [json.dumps({"format": "s16le", "channels": 2}), b"\x00" * 6], 1003, "bad_frame"),
     ("NaN", [json.dumps({"format": "f32le"}), np.array([0.1, np.nan], "<f4").tobytes()], 1003, "nan_samples"),
+    # finite, but not audio: the STFT of 3e38 overflows, and NaN went back to the client
+    ("huge", [json.dumps({"format": "f32le"}), np.array([0.1, 3e38], "<f4").tobytes()], 1003, "bad_samples"),
     ("unknown message", [json.dumps({}), json.dumps({"type": "pause"})], 1003, "bad_message"),
 ]
 
@@ -461,13 +495,20 @@ def test_stream_backend_when_the_model_cannot_be_traced(tmp_path: Path) -> None:
 
 def test_stream_limits(checkpoint: Path) -> None:
     config = ServerConfig(
-        checkpoints=(str(checkpoint),), threads=1, max_streams=1, max_stream_s=0.5, stream_idle_timeout_s=1.0
+        checkpoints=(str(checkpoint),),
+        threads=1,
+        max_streams=1,
+        max_stream_s=0.5,
+        stream_idle_timeout_s=1.0,
+        api_key="k",
     )
     with run_server(config) as srv:
         url = f"{srv.ws_url}/v1/stream"
-        with connect(url, open_timeout=30) as first:
-            _start(first)
+        with connect(url, open_timeout=30) as lurker, connect(url, open_timeout=30) as first:
+            # a connection that has not authenticated holds no slot (two such once took every slot)
+            _start(first, api_key="k")
             with connect(url, open_timeout=30) as second:  # only one stream at a time
+                second.send(json.dumps({"api_key": "k"}))
                 err = json.loads(second.recv(timeout=30))
                 assert err["code"] == "busy"
                 with pytest.raises(ConnectionClosed):
@@ -479,8 +520,10 @@ def test_stream_limits(checkpoint: Path) -> None:
             with pytest.raises(ConnectionClosed):
                 first.recv(timeout=10)
             assert first.close_code == 1008
+            lurker.send(json.dumps({}))  # no key: refused, and it never held a slot
+            assert json.loads(lurker.recv(timeout=30))["code"] == "unauthorized"
         with connect(url, open_timeout=30) as idle:  # the slot is free again; silence closes it
-            _start(idle)
+            _start(idle, api_key="k")
             err = json.loads(idle.recv(timeout=30))
             assert err["code"] == "idle_timeout"
             with pytest.raises(ConnectionClosed):
