@@ -283,8 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if Path(args.out).exists() and not Path(args.out).is_dir():  # found before the work, not after it
             raise ValueError(f"--out {args.out}: exists and is not a folder")
-        if str(args.device).startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"--device {args.device}: this PyTorch sees no CUDA GPU")
+        from recipes.trainer import pick_device
+
+        pick_device(args.device, 0)  # ValueError for cuda without CUDA, as tim-train gives
         found = discover_pairs(args.pairs)
         model = load_model(args)
     except (ValueError, KeyError, CheckpointError, RuntimeError) as exc:
