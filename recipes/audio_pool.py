@@ -89,8 +89,14 @@ def list_audio(roots: Iterable[str | os.PathLike[str]]) -> list[str]:
     return sorted(found)
 
 
+SILENCE_PEAK = 1e-4  # a file (or a validation pair's clean side) no louder than this is digital silence
+
+
 def scan(
-    paths: Iterable[str], sample_rate: int = 16000, min_seconds: float = 0.5, silence_peak: float = 1e-4
+    paths: Iterable[str],
+    sample_rate: int = 16000,
+    min_seconds: float = 0.5,
+    silence_peak: float = SILENCE_PEAK,
 ) -> AudioPool:
     """Check files and keep the usable ones; every other file is listed in ``pool.skipped`` with the reason."""
     pool = AudioPool([], [], sample_rate)

@@ -22,7 +22,7 @@ import soundfile as sf
 import torch
 
 from enhance.audio_io import AudioError, atomic_path, load_audio, load_mono_16k, resample
-from recipes.audio_pool import AudioPool, Skipped, list_audio, scan
+from recipes.audio_pool import SILENCE_PEAK, AudioPool, Skipped, list_audio, scan
 from recipes.mixing import MixingConfig, MixingDataset, mix
 from recipes.paired import PairedDataset
 
@@ -126,7 +126,7 @@ def _mixing(
     noise = scan(list_audio(noise_dirs), rate, cfg.min_seconds)
     skipped = speech.skipped + noise.skipped
     if val_pairs is not None:
-        val, bad = load_val_pairs(val_pairs)
+        val, bad = load_val_pairs(val_pairs, cfg.min_seconds)
         skipped += bad
         train_speech, train_noise = speech, noise
     else:
@@ -170,11 +170,7 @@ def fixed_mixes(
     return out
 
 
-VAL_MIN_SECONDS = 0.5  # shorter validation pairs are skipped (as the training files' min_seconds)
-VAL_SILENCE_PEAK = 1e-4  # a clean side no louder than this is digital silence: no speech to score against
-
-
-def load_val_pairs(root: str) -> tuple[list[ValPair], list[Skipped]]:
+def load_val_pairs(root: str, min_seconds: float = 0.5) -> tuple[list[ValPair], list[Skipped]]:
     """Validation pairs from a folder layout known to :mod:`recipes.pairs` (16 kHz mono after loading). Like the
     training files, unreadable, too short and silent (clean side) pairs are skipped and listed with the reason, and
     so is a file without a partner (the layout's warnings): they decide which checkpoint is kept."""
@@ -192,10 +188,10 @@ def load_val_pairs(root: str) -> tuple[list[ValPair], list[Skipped]]:
             bad.append(Skipped(str(pair.noisy_path), str(exc)))
             continue
         n = min(len(noisy), len(clean))
-        if n < VAL_MIN_SECONDS * 16000:
-            bad.append(Skipped(str(pair.noisy_path), f"too short ({n / 16000:.2f} s < {VAL_MIN_SECONDS} s)"))
+        if n < min_seconds * 16000:
+            bad.append(Skipped(str(pair.noisy_path), f"too short ({n / 16000:.2f} s < {min_seconds} s)"))
             continue
-        if np.abs(clean[:n]).max() <= VAL_SILENCE_PEAK:
+        if np.abs(clean[:n]).max() < SILENCE_PEAK:
             bad.append(Skipped(str(pair.clean_path), "the clean side is silent"))
             continue
         out.append(ValPair(pair.name, noisy[:n], clean[:n]))
