@@ -231,7 +231,8 @@ async def _serve(ws: WebSocket, start: StreamStart) -> str:
     engine = StreamingEnhancer(lm.checkpoint.model, start.channels, backend=lm.stream_backend)
     session = Session(engine, start)
     limit = int(cfg.max_stream_s * start.sample_rate)
-    resampling = resampling_ms(start.sample_rate, start.resampling)
+    # a 1-s dry run of the resamplers the first time a rate is seen (cached): not on the event loop
+    resampling = await anyio.to_thread.run_sync(resampling_ms, start.sample_rate, start.resampling)
     ready = StreamReady(
         model=lm.name,
         sample_rate=start.sample_rate,
