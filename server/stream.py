@@ -12,7 +12,9 @@ Protocol (client -> server, server -> client):
 Errors: ``{"type": "error", "code": ..., "error": ...}`` then close 1003 (data the server cannot take: binary
 where JSON was expected, a frame that is not whole samples, NaN/inf samples or float samples beyond ±1000,
 unknown message) or 1008 (bad start message, API key, unknown model, stream over the length limit, a client that
-reads nothing for the idle timeout), 1013 when busy or still loading. Frames over 16 MiB are closed 1009 by the
+reads nothing for the idle timeout), 1013 when busy or still loading. At the length limit (``--max-stream-seconds``)
+the audio up to the limit is enhanced, flushed and sent before the error. A client that reads nothing for the idle
+timeout gets no message (it would not read it): its stream ends and its slot is freed. Frames over 16 MiB are closed 1009 by the
 WebSocket layer itself, with no JSON message.
 
 A stream slot (``--max-streams``) is taken once the start message has passed the API-key check, so connections
@@ -122,6 +124,10 @@ class Session:
         y16 = self.engine.process(self._through(self.down, x))
         return self._take(self._through(self.up, y16))
 
+    def process_last(self, x: np.ndarray) -> np.ndarray:
+        """``x`` is the stream's last audio: enhance it and flush, as :meth:`process` then :meth:`finish`."""
+        return np.concatenate([self.process(x), self.finish()], axis=1)
+
     def finish(self) -> np.ndarray:
         ch = self.start.channels
         tail = self._through(self.down, np.zeros((ch, 0), np.float32), last=True)
@@ -163,11 +169,14 @@ def _parse_start(msg: Message) -> StreamStart:
         raise StreamError("bad_start", f"{where}: {first.get('msg', 'invalid')}", POLICY) from None
 
 
+SLOW_CLIENT = "slow_client"
 SEND_ERROR_TIMEOUT_S = 5.0  # a client that reads nothing must not keep the handler waiting to tell it so
 
 
 async def _send_error(ws: WebSocket, err: StreamError, metrics: Metrics) -> None:
     metrics.rejections.inc(reason=err.code)
+    if err.code == SLOW_CLIENT:
+        return  # its send buffer is full: nothing more gets through, not even a close frame
     with contextlib.suppress(Exception):
         await asyncio.wait_for(
             ws.send_json({"type": "error", "code": err.code, "error": err.message}), SEND_ERROR_TIMEOUT_S
@@ -184,7 +193,7 @@ async def _send(ws: WebSocket, data: bytes, timeout: float) -> None:
     try:
         await asyncio.wait_for(ws.send_bytes(data), timeout)
     except asyncio.TimeoutError:
-        raise StreamError("slow_client", f"the client read nothing for {timeout:g} s", POLICY) from None
+        raise StreamError(SLOW_CLIENT, f"the client read nothing for {timeout:g} s", POLICY) from None
 
 
 async def stream_endpoint(ws: WebSocket) -> None:
@@ -322,11 +331,19 @@ async def _process(
                     break
                 pieces.append(_decode(nxt, start))
                 n += pieces[-1].shape[1]
-            if session.received + n > limit:
-                raise StreamError(
-                    "stream_too_long", f"stream longer than {state.config.max_stream_s:g} s", POLICY
-                )
             x = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=1)
+            room = limit - session.received
+            if n > room:  # the audio up to the limit is enhanced and sent in full (flushed), then the error
+                y = await anyio.to_thread.run_sync(_in_worker, session.process_last, x[:, :room])
+                metrics.audio_seconds.inc(room / start.sample_rate, route="/v1/stream")
+                if y.shape[1]:
+                    await _send(ws, encode_pcm(y, start.format), idle_s)
+                raise StreamError(
+                    "stream_too_long",
+                    f"stream longer than {state.config.max_stream_s:g} s; the first "
+                    f"{session.sent} samples per channel were enhanced and sent",
+                    POLICY,
+                )
             y = await anyio.to_thread.run_sync(_in_worker, session.process, x)
             metrics.audio_seconds.inc(n / start.sample_rate, route="/v1/stream")
             if y.shape[1]:

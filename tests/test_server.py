@@ -493,7 +493,7 @@ def test_stream_backend_when_the_model_cannot_be_traced(tmp_path: Path) -> None:
         load_models(ServerConfig(checkpoints=(str(path),), stream_backend="torchscript"))
 
 
-def test_stream_limits(checkpoint: Path) -> None:
+def test_stream_limits(checkpoint: Path, model: Enhancer) -> None:
     config = ServerConfig(
         checkpoints=(str(checkpoint),),
         threads=1,
@@ -514,9 +514,16 @@ def test_stream_limits(checkpoint: Path) -> None:
                 with pytest.raises(ConnectionClosed):
                     second.recv(timeout=10)
                 assert second.close_code == 1013
-            first.send(np.zeros(16000, "<i2").tobytes())  # 1 s > max_stream_s
-            err = json.loads(first.recv(timeout=30))
-            assert err["code"] == "stream_too_long"
+            x = _quantized(noisy(1.0, 16000, 1, seed=3))  # 1 s > max_stream_s: sent in one frame
+            first.send((x[:, 0] * 32768).astype("<i2").tobytes())
+            got = []  # the first 0.5 s comes back enhanced in full (flushed), then the error
+            while isinstance(msg := first.recv(timeout=30), bytes):
+                got.append(msg)
+            err = json.loads(msg)
+            assert err["code"] == "stream_too_long" and "8000 samples" in err["error"], err
+            y = np.frombuffer(b"".join(got), "<i2").astype(np.float32) / 32768
+            assert y.shape == (8000,)
+            assert np.abs(y - _offline(model, x[:8000], 16000)[:, 0]).max() <= 2 * S16
             with pytest.raises(ConnectionClosed):
                 first.recv(timeout=10)
             assert first.close_code == 1008
@@ -529,6 +536,59 @@ def test_stream_limits(checkpoint: Path) -> None:
             with pytest.raises(ConnectionClosed):
                 idle.recv(timeout=10)
             assert idle.close_code == 1008
+
+
+def _raw_stream(url: str, start: dict[str, Any]) -> tuple[socket.socket, Any]:
+    """A WebSocket client over a plain socket with a small receive buffer and timeouts (the sync client's
+    blocking sends would wait for ever on a server that stopped reading): the sans-I/O protocol, started."""
+    from websockets.client import ClientProtocol
+    from websockets.protocol import State
+    from websockets.uri import parse_uri
+
+    proto = ClientProtocol(parse_uri(url))
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    sock.connect((parse_uri(url).host, parse_uri(url).port))
+    proto.send_request(proto.connect())
+    sock.sendall(b"".join(proto.data_to_send()))
+    while proto.state is not State.OPEN:
+        proto.receive_data(sock.recv(65536))
+    proto.events_received()  # the handshake response
+    proto.send_text(json.dumps(start).encode())
+    sock.sendall(b"".join(proto.data_to_send()))
+    while not any(getattr(e, "data", b"").startswith(b'{"type":"ready"') for e in proto.events_received()):
+        proto.receive_data(sock.recv(65536))
+    return sock, proto
+
+
+def test_a_client_that_reads_nothing_loses_its_stream(checkpoint: Path) -> None:
+    """A client that sends audio but never reads the enhanced audio: once the server's send has waited the idle
+    timeout, the stream ends and its slot is freed (without the send timeout the slot was held for good)."""
+    config = ServerConfig(checkpoints=(str(checkpoint),), threads=1, max_streams=1, stream_idle_timeout_s=1.0)
+    with run_server(config) as srv:
+        sock, proto = _raw_stream(
+            f"{srv.ws_url}/v1/stream", {"sample_rate": 48000, "channels": 2, "format": "f32le"}
+        )
+        try:
+            assert srv.app.state.streams_open == 1
+            frame = np.zeros((4800, 2), "<f4")
+            frame[:, 0] = 0.1 * np.sin(np.arange(4800) / 7)
+            sock.settimeout(2.0)
+            sent = 0
+            with contextlib.suppress(OSError):  # the send that times out: the server stopped reading
+                for _ in range(20000):  # 2000 s of audio: far more than the buffers on the way hold
+                    proto.send_binary(frame.tobytes())
+                    sock.sendall(b"".join(proto.data_to_send()))
+                    sent += 1
+            assert sent < 20000, "the server read everything: the client's buffers never filled"
+            _until(lambda: srv.app.state.streams_open == 0, timeout=30)
+            with connect(f"{srv.ws_url}/v1/stream", open_timeout=30) as ws:  # the one slot is free again
+                _start(ws)
+        finally:
+            sock.close()
+        metrics = httpx.get(f"{srv.url}/metrics").text
+        assert re.search(r'reason="slow_client"\} 1(\.0)?$', metrics, re.M), metrics
 
 
 def test_a_bad_frame_amid_a_flood_still_ends_the_stream(checkpoint: Path) -> None:
