@@ -145,6 +145,10 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
         async def index() -> FileResponse:
             return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
 
+        @app.get("/favicon.ico", include_in_schema=False)  # for clients that ask here, not the page's link
+        async def favicon() -> FileResponse:
+            return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
+
         app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     else:  # an install without the package data: the API still works
         log.warning("web page not installed (%s missing); serving the API only", STATIC_DIR)

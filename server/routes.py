@@ -62,7 +62,9 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         406: "cannot produce the requested output format",
         413: "upload or audio duration over the limit",
         415: "Content-Type is not multipart/form-data, audio/* or application/octet-stream",
-        422: "unreadable audio (corrupt, zero-length, all-zero, NaN/inf samples) or bad parameters",
+        422: "audio that cannot be enhanced: `unsupported_format` (not a container/codec the server reads: "
+        "convert it, e.g. to WAV), `invalid_audio` (corrupt, zero-length, all-zero, NaN/inf samples), "
+        "or bad parameters",
         503: "model loading, or all enhancement slots busy and the wait queue full or too slow (see Retry-After)",
         504: "processing took longer than the request timeout",
     }

@@ -29,7 +29,9 @@ class Upload:
 
 
 def _too_large(limit: int) -> ApiError:
-    return ApiError(413, "payload_too_large", f"upload larger than the limit of {limit} bytes")
+    return ApiError(
+        413, "payload_too_large", f"upload larger than the limit of {limit / 2**20:.3g} MiB ({limit} bytes)"
+    )
 
 
 async def _read_body(request: Request, cap: int, limit: int) -> bytes:

@@ -46,8 +46,10 @@ def inspect_upload(data: bytes, name: str, limits: Limits) -> AudioInfo:
     """The upload's header, checked against the limits before any decoding (cheap)."""
     try:
         info = read_info(data)
-    except AudioError as exc:
-        raise ApiError(422, "invalid_audio", _reason(exc, name)) from None
+    except (
+        AudioError
+    ) as exc:  # no header libsndfile knows: a client may convert and retry (the web page does)
+        raise ApiError(422, "unsupported_format", _reason(exc, name)) from None
     if not MIN_RATE <= info.sample_rate <= MAX_RATE:
         raise ApiError(
             422,

@@ -6,10 +6,16 @@ Skipped (with the reason) when chromium or Playwright is missing. Recording from
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import httpx
+import numpy as np
 import pytest
 
 from server.config import ServerConfig
@@ -45,57 +51,173 @@ NON_BLANK = """(id) => {
 }"""
 
 
-def test_upload_enhance_and_draw(tmp_path: Path) -> None:
+ENDED = "['done', 'error'].includes(document.body.dataset.state)"
+MODELS_LISTED = "document.getElementById('model-select').options.length > 0"
+
+
+class Browser:
+    """One Chromium page on the server's web page, with what it logged: uncaught errors, requests sent and
+    failed (aborted), responses >= 400."""
+
+    def __init__(self, page: Any) -> None:
+        self.page = page
+        self.errors: list[str] = []
+        self.posts: list[str] = []
+        self.failed: list[str] = []
+        self.bad_responses: list[str] = []
+        page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+        page.on("request", lambda r: r.method == "POST" and self.posts.append(r.url))
+        page.on("requestfailed", lambda r: self.failed.append(r.url))
+        page.on("response", lambda r: r.status >= 400 and self.bad_responses.append(f"{r.status} {r.url}"))
+
+    def posts_to(self, route: str) -> int:
+        return sum(route in url for url in self.posts)
+
+    def upload(self, path: Path, end: str = ENDED) -> str:
+        """Pick ``path`` in the file input and wait for the run to end; the state it ended in."""
+        self.page.evaluate("document.body.dataset.state = 'idle'")  # not the previous run's end
+        self.page.set_input_files("#file-input", str(path))
+        self.page.wait_for_function(end, timeout=60000, polling=100)
+        return str(self.page.evaluate("document.body.dataset.state"))
+
+    def status(self) -> str:
+        return str(self.page.locator("#status").inner_text())
+
+
+@contextmanager
+def browser_on(srv: Any) -> Iterator[Browser]:
     sync_api = pytest.importorskip(
         "playwright.sync_api", reason="Playwright is not installed (pip install playwright)"
     )
     assert CHROMIUM is not None
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield Browser(browser.new_page(viewport={"width": 1280, "height": 1100}))
+        finally:
+            browser.close()
+
+
+def test_upload_enhance_and_draw(tmp_path: Path) -> None:
     ck = tiny_checkpoint(tmp_path / "tiny.safetensors")
     audio = tmp_path / "noisy talk.wav"
     audio.write_bytes(wav_bytes(noisy(2.0, 22050, 1), 22050))
-    with run_server(ServerConfig(checkpoints=(str(ck),), threads=1)) as srv, sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 1100})
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.goto(srv.url + "/")
-            page.wait_for_function(
-                "document.getElementById('model-select').options.length > 0", timeout=20000
-            )
-            assert page.locator("#model-select").input_value() == "tiny"
-            page.set_input_files("#file-input", str(audio))
-            page.wait_for_function(
-                "['done', 'error'].includes(document.body.dataset.state)", timeout=60000, polling=100
-            )
-            status = page.locator("#status").inner_text()
-            assert page.evaluate("document.body.dataset.state") == "done", status
-            assert page.get_attribute("#noisy-audio", "src", timeout=1000).startswith("blob:")
-            assert page.get_attribute("#enhanced-audio", "src", timeout=1000).startswith("blob:")
-            assert page.evaluate("document.getElementById('enhanced-audio').src !== ''")
-            duration = page.evaluate(
-                """() => new Promise((resolve) => {
-                    const a = document.getElementById('enhanced-audio');
-                    if (a.readyState >= 1) resolve(a.duration);
-                    a.addEventListener('loadedmetadata', () => resolve(a.duration));
-                    setTimeout(() => resolve(-1), 10000);
-                })"""
-            )
-            assert duration == pytest.approx(2.0, abs=0.01)  # the enhanced WAV decodes, at full length
-            for canvas in ("competition-canvas", "noisy-spectrogram", "enhanced-spectrogram"):
-                assert page.evaluate(NON_BLANK, canvas) > 0.2, canvas
-            summary = page.locator("#analysis-summary").inner_text()
-            assert "tiny" in summary and "block" in summary
-            assert page.locator("#download-link").is_visible()
-            shot = tmp_path / "web_page.png"
-            page.screenshot(path=str(shot), full_page=True)
-            print(f"screenshot: {shot}")
+    with run_server(ServerConfig(checkpoints=(str(ck),), threads=1)) as srv, browser_on(srv) as b:
+        page, errors = b.page, b.errors
+        page.goto(srv.url + "/")
+        page.wait_for_function(MODELS_LISTED, timeout=20000)
+        assert page.locator("#model-select").input_value() == "tiny"
+        page.wait_for_load_state("networkidle")
+        assert not b.bad_responses, b.bad_responses
+        for icon in (
+            page.evaluate("document.querySelector('link[rel=icon]').href"),
+            srv.url + "/favicon.ico",
+        ):
+            resp = httpx.get(icon)  # the page's icon, and the one browsers ask for without a link (was a 404)
+            assert resp.status_code == 200 and resp.headers["content-type"] == "image/svg+xml", icon
+            assert resp.content.startswith(b"<svg")
+        assert b.upload(audio) == "done", b.status()
+        assert page.get_attribute("#noisy-audio", "src", timeout=1000).startswith("blob:")
+        assert page.get_attribute("#enhanced-audio", "src", timeout=1000).startswith("blob:")
+        assert page.evaluate("document.getElementById('enhanced-audio').src !== ''")
+        duration = page.evaluate(
+            """() => new Promise((resolve) => {
+                const a = document.getElementById('enhanced-audio');
+                if (a.readyState >= 1) resolve(a.duration);
+                a.addEventListener('loadedmetadata', () => resolve(a.duration));
+                setTimeout(() => resolve(-1), 10000);
+            })"""
+        )
+        assert duration == pytest.approx(2.0, abs=0.01)  # the enhanced WAV decodes, at full length
+        for canvas in ("competition-canvas", "noisy-spectrogram", "enhanced-spectrogram"):
+            assert page.evaluate(NON_BLANK, canvas) > 0.2, canvas
+        summary = page.locator("#analysis-summary").inner_text()
+        assert "tiny" in summary and "block" in summary
+        assert page.locator("#download-link").is_visible()
+        shot = tmp_path / "web_page.png"
+        page.screenshot(path=str(shot), full_page=True)
+        print(f"screenshot: {shot}")
 
-            bad = tmp_path / "broken.wav"
-            bad.write_bytes(b"this is not audio" * 100)
-            page.set_input_files("#file-input", str(bad))
-            page.wait_for_function("document.body.dataset.state === 'error'", timeout=30000, polling=100)
-            assert "invalid_audio" in page.locator("#status").inner_text()  # the server's structured error
-            assert not errors, errors
-        finally:
-            browser.close()
+        # the same file again: the input was reset, so picking it again is a change, and it runs again
+        assert b.posts_to("v1/enhance") == 1
+        assert b.upload(audio) == "done", b.status()
+        assert b.posts_to("v1/enhance") == 2
+
+        # a file neither the server nor the browser reads: the server's error, once, and nothing of the
+        # previous file stays on screen
+        bad = tmp_path / "broken.wav"
+        bad.write_bytes(b"this is not audio" * 100)
+        assert b.upload(bad) == "error"
+        assert "unsupported_format" in b.status(), b.status()  # the server's structured error
+        assert b.posts_to("v1/enhance") == 3  # the browser could not decode it either: no second upload
+        for canvas in ("competition-canvas", "noisy-spectrogram", "enhanced-spectrogram"):
+            assert page.evaluate(NON_BLANK, canvas) == 0, canvas
+        assert page.locator("#analysis-summary").inner_text() == ""
+        assert not page.locator("#download-link").is_visible()
+        assert page.evaluate("document.getElementById('enhanced-audio').getAttribute('src')") is None
+
+        # digital silence: the server read it and refused it; the page does not re-encode and post it again
+        silent = tmp_path / "silent.wav"
+        silent.write_bytes(wav_bytes(np.zeros((16000, 1), np.float32), 16000))
+        assert b.upload(silent) == "error"
+        assert "invalid_audio" in b.status(), b.status()
+        assert b.posts_to("v1/enhance") == 4
+        assert not errors, errors
+
+
+def test_a_newer_upload_wins(tmp_path: Path) -> None:
+    """A second file picked while the first is still being enhanced: the first run's requests are aborted and
+    only the second file's results end on screen (both runs once wrote to the page, the last to finish won)."""
+    ck = tiny_checkpoint(tmp_path / "tiny.safetensors")
+    first, second = tmp_path / "first.wav", tmp_path / "second.wav"
+    first.write_bytes(wav_bytes(noisy(3.0, 16000, 1, seed=1), 16000))
+    second.write_bytes(wav_bytes(noisy(1.0, 16000, 1, seed=2), 16000))
+    with run_server(ServerConfig(checkpoints=(str(ck),), threads=1)) as srv, browser_on(srv) as b:
+        page = b.page
+        held: list[Any] = []
+
+        def hold_the_first(route: Any) -> None:  # the first file's enhancement is held until we let it go
+            if "first.wav" in (route.request.post_data_buffer or b"").decode("latin-1") and not held:
+                held.append(route)
+            else:
+                route.continue_()
+
+        page.route("**/v1/enhance*", hold_the_first)
+        page.goto(srv.url + "/")
+        page.wait_for_function(MODELS_LISTED, timeout=20000)
+        page.set_input_files("#file-input", str(first))
+        page.wait_for_function("document.body.dataset.state === 'working'", timeout=10000)
+        page.wait_for_timeout(200)
+        assert len(held) == 1
+        assert b.upload(second) == "done", b.status()
+        assert any("v1/enhance" in url for url in b.failed), b.failed  # the first run's request: aborted
+        with contextlib.suppress(Exception):  # already aborted by the page: continuing it may be refused
+            held[0].continue_()
+        page.wait_for_timeout(1500)  # time for a first run that was not stopped to finish and draw
+        assert page.evaluate("document.body.dataset.state") == "done"
+        assert "second.wav (1.00 s)" in b.status(), b.status()
+        assert "1.00 s at 16000 Hz" in page.locator("#analysis-summary").inner_text()
+        assert b.posts_to("v1/analyze") == 1  # the first run never reached its analysis
+        assert not b.errors, b.errors
+
+
+def test_a_fixed_api_key_clears_the_error(tmp_path: Path) -> None:
+    """On a server with a key, the page opens on the models list's 401; once the right key is typed, the list
+    loads, the stale 401 goes, and files are enhanced."""
+    ck = tiny_checkpoint(tmp_path / "tiny.safetensors")
+    audio = tmp_path / "a.wav"
+    audio.write_bytes(wav_bytes(noisy(1.0, 16000, 1), 16000))
+    config = ServerConfig(checkpoints=(str(ck),), threads=1, api_key="s3cret")
+    with run_server(config) as srv, browser_on(srv) as b:
+        page = b.page
+        page.goto(srv.url + "/")
+        page.wait_for_function("document.body.dataset.state === 'error'", timeout=20000)
+        assert "401" in b.status(), b.status()
+        assert b.upload(audio) == "error" and "401" in b.status()
+        page.fill("#api-key", "s3cret")
+        page.dispatch_event("#api-key", "change")
+        page.wait_for_function(MODELS_LISTED, timeout=20000)
+        page.wait_for_function("document.body.dataset.state === 'idle'", timeout=10000)
+        assert b.status() == "Choose a file to start."
+        assert b.upload(audio) == "done", b.status()
+        assert not b.errors, b.errors

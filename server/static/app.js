@@ -7,6 +7,11 @@ const $ = (id) => document.getElementById(id);
 const SPEC_RATE = 16000, FFT_SIZE = 512, HOP = 256, MAX_COLUMNS = 2400;
 let objectUrls = [];
 let recorder = null;
+let currentRun = 0;       // each run() takes the next number; an older run stops at its next await
+let runAbort = null;      // aborts the requests of the run in progress when a newer one starts
+const READY_TEXT = "Choose a file to start.";
+
+class Superseded extends Error {}
 
 function setState(state, message) {
   document.body.dataset.state = state;
@@ -32,18 +37,23 @@ async function errorText(resp) {
   return `${resp.status} ${resp.statusText}`;
 }
 
-// POST with one retry loop on 503 (busy / loading), honouring Retry-After.
-async function post(path, blob, name) {
+async function errorCode(resp) {
+  try { return (await resp.clone().json()).error.code; } catch (_) { return null; }
+}
+
+// POST with one retry loop on 503 (busy / loading), honouring Retry-After. `signal` aborts it (a newer run).
+async function post(path, blob, name, signal) {
   for (let attempt = 0; ; attempt++) {
     const form = new FormData();
     form.append("file", blob, name);
     const model = $("model-select").value;
     const url = model ? `${path}${path.includes("?") ? "&" : "?"}model=${encodeURIComponent(model)}` : path;
-    const resp = await fetch(url, { method: "POST", body: form, headers: authHeaders() });
+    const resp = await fetch(url, { method: "POST", body: form, headers: authHeaders(), signal });
     if (resp.status !== 503 || attempt >= 4) return resp;
     const wait = Math.min(10, Number(resp.headers.get("Retry-After")) || 1);
     setState("working", `Server busy, retrying in ${wait} s…`);
     await new Promise((r) => setTimeout(r, wait * 1000));
+    if (signal.aborted) throw new Superseded();
   }
 }
 
@@ -146,8 +156,9 @@ function paintSpectrogram(canvas, spec, top) {
 }
 
 // Both on one dB scale (the noisy input's peak = top of the colour map), so they can be compared.
-async function drawSpectrograms(noisyBlob, enhancedBlob) {
+async function drawSpectrograms(noisyBlob, enhancedBlob, isCurrent) {
   const [noisy, enhanced] = await Promise.all([decode(noisyBlob, SPEC_RATE), decode(enhancedBlob, SPEC_RATE)]);
+  if (!isCurrent()) return;
   const a = spectrogram(noisy.getChannelData(0)), b = spectrogram(enhanced.getChannelData(0));
   let top = -Infinity;
   for (const v of a.db) top = Math.max(top, v);
@@ -203,48 +214,79 @@ function showSummary(a) {
 
 // ---------- the flow ----------
 
-async function run(blob, name) {
+// Nothing of an earlier file stays on screen once a new one starts (nor after its error).
+function clearResults() {
   objectUrls.forEach((u) => URL.revokeObjectURL(u));
   objectUrls = [];
+  for (const id of ["noisy-audio", "enhanced-audio"]) { $(id).pause(); $(id).removeAttribute("src"); $(id).load(); }
+  $("download-link").hidden = true;
+  $("download-link").removeAttribute("href");
+  for (const id of ["noisy-spectrogram", "enhanced-spectrogram", "competition-canvas"]) {
+    const c = $(id);
+    c.getContext("2d").clearRect(0, 0, c.width, c.height);
+  }
+  $("analysis-summary").innerHTML = "";
+}
+
+async function run(blob, name) {
+  const id = ++currentRun;
+  if (runAbort) runAbort.abort();
+  const abort = new AbortController();
+  runAbort = abort;
+  const isCurrent = () => id === currentRun;
+  const check = () => { if (!isCurrent()) throw new Superseded(); };  // after every await
+  clearResults();
   setState("working", `Enhancing ${name}…`);
   $("noisy-audio").src = keepUrl(blob);
-  $("enhanced-audio").removeAttribute("src");
-  $("download-link").hidden = true;
   try {
-    let resp = await post("v1/enhance?format=wav", blob, name);
-    if (resp.status === 422 || resp.status === 415) {  // a format the browser can decode but libsndfile cannot
-      try {
-        blob = encodeWav(await decode(blob, 48000));
+    let resp = await post("v1/enhance?format=wav", blob, name, abort.signal);
+    check();
+    // a container or codec libsndfile cannot read (m4a, webm, mp3 on old libsndfile): the browser may decode it
+    if (resp.status === 422 && (await errorCode(resp)) === "unsupported_format") {
+      check();
+      let wav = null;
+      try { wav = encodeWav(await decode(blob, 48000)); } catch (_) { /* keep the server's answer */ }
+      check();
+      if (wav) {
+        blob = wav;
         name = name.replace(/\.[^.]*$/, "") + ".wav";
         $("noisy-audio").src = keepUrl(blob);
-        resp = await post("v1/enhance?format=wav", blob, name);
-      } catch (_) { /* keep the server's answer */ }
+        resp = await post("v1/enhance?format=wav", blob, name, abort.signal);
+        check();
+      }
     }
     if (!resp.ok) throw new Error(await errorText(resp));
     const seconds = resp.headers.get("X-Processing-Seconds");
     const enhanced = await resp.blob();
+    check();
     const url = keepUrl(enhanced);
     $("enhanced-audio").src = url;
     const link = $("download-link");
     link.href = url; link.download = name.replace(/\.[^.]*$/, "") + ".enhanced.wav"; link.hidden = false;
     setState("working", `Enhanced in ${seconds} s; analysing…`);
-    const spectra = drawSpectrograms(blob, enhanced);
-    const aresp = await post("v1/analyze", blob, name);
+    const spectra = drawSpectrograms(blob, enhanced, isCurrent);
+    const aresp = await post("v1/analyze", blob, name, abort.signal);
+    check();
     if (!aresp.ok) throw new Error(await errorText(aresp));
     const analysis = await aresp.json();
+    check();
     drawCompetition($("competition-canvas"), analysis);
     showSummary(analysis);
     await spectra.catch((e) => console.warn("spectrogram:", e));
+    check();
     setState("done", `Done: ${name} (${analysis.duration_s.toFixed(2)} s) enhanced in ${seconds} s.`);
   } catch (err) {
+    if (!isCurrent() || err instanceof Superseded || err.name === "AbortError") return;  // a newer run owns the page
     setState("error", `Error: ${err.message}`);
+  } finally {
+    if (runAbort === abort && isCurrent()) runAbort = null;
   }
 }
 
 async function loadModels() {
   try {
     const resp = await fetch("v1/models", { headers: authHeaders() });
-    if (!resp.ok) { $("status").textContent = `Models: ${await errorText(resp)}`; return; }
+    if (!resp.ok) { setState("error", `Models: ${await errorText(resp)}`); return; }
     const select = $("model-select");
     select.innerHTML = "";
     for (const m of (await resp.json()).models) {
@@ -254,8 +296,10 @@ async function loadModels() {
       opt.selected = m.default;
       select.appendChild(opt);
     }
+    // the key works now: an error on screen (this list's 401, or an upload's) is no longer the state of things
+    if (document.body.dataset.state === "error") setState("idle", READY_TEXT);
   } catch (err) {
-    $("status").textContent = `Models: ${err.message}`;
+    setState("error", `Models: ${err.message}`);
   }
 }
 
@@ -285,6 +329,7 @@ async function startRecording() {
 
 $("file-input").addEventListener("change", (e) => {
   const file = e.target.files[0];
+  e.target.value = "";  // so that picking the same file again is a change too (and runs again)
   if (file) run(file, file.name);
 });
 $("record-btn").addEventListener("click", startRecording);
