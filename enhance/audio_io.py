@@ -85,7 +85,7 @@ def load_audio(source: Source) -> tuple[np.ndarray, AudioInfo]:
             raise AudioError(f"{src}: no such file")
         if os.path.isdir(src):
             raise AudioError(f"{src}: is a directory")
-        if os.path.getsize(src) == 0:
+        if os.path.isfile(src) and os.path.getsize(src) == 0:  # a pipe has no size
             raise AudioError(f"{src}: empty file (0 bytes)")
     try:
         with sf.SoundFile(src) as f:
@@ -172,6 +172,7 @@ def atomic_path(path: str | os.PathLike[str]):
     Readers never see a half-written file, and an existing file is untouched when writing fails.
     """
     target = Path(path)
+    made = [d for d in (target.parent, *target.parent.parents) if not d.exists()]  # deepest first
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
@@ -183,6 +184,9 @@ def atomic_path(path: str | os.PathLike[str]):
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        for d in made:  # the folders made for it, if still empty (another writer may have filled one)
+            with contextlib.suppress(OSError):
+                d.rmdir()
         raise
 
 

@@ -26,8 +26,9 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import soundfile as sf
 import torch
@@ -120,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--stream",
         action="store_true",
-        help="use the real-time engine (16 ms steps); '- -o -' becomes a raw PCM pipe (output lags by <= 48 ms)",
+        help="use the real-time engine (16 ms steps); '- -o -' becomes a raw PCM pipe (output lags by <= 48 ms at "
+        "16 kHz; at other --rate values soxr's resamplers add their own delay, e.g. up to about 100 ms in all at 48 kHz)",
     )
     s.add_argument(
         "--stream-backend",
@@ -143,8 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def expand_inputs(items: list[str], output: str | None = None) -> tuple[list[tuple[str, str | None]], int]:
     """(path, relative name under its folder or None) for every input ('-' stays '-'), and how many files of the
-    folders given were left out as earlier outputs: those under the output folder (``-o`` inside an input
-    folder) and, when outputs go beside their inputs (no ``-o``), the ``*.enhanced.*`` files."""
+    folders and globs given were left out as earlier outputs: those under the output folder (``-o`` inside an
+    input folder) and, when outputs go beside their inputs (no ``-o``), the ``*.enhanced.*`` files."""
     out: list[tuple[str, str | None]] = []
     left_out = 0
     out_dir = Path(output).resolve() if output not in (None, "-") else None
@@ -157,11 +159,19 @@ def expand_inputs(items: list[str], output: str | None = None) -> tuple[list[tup
             kept = [f for f in files if not _earlier_output(f, out_dir, output is None)]
             left_out += len(files) - len(kept)
             out.extend((str(f), str(f.relative_to(root))) for f in kept)
-        elif any(ch in item for ch in "*?[") and not os.path.exists(item):
-            out.extend((f, None) for f in sorted(glob.glob(item, recursive=True)) if os.path.isfile(f))
+        elif is_glob(item):
+            files = [Path(f) for f in sorted(glob.glob(item, recursive=True)) if os.path.isfile(f)]
+            kept = [f for f in files if not _earlier_output(f, out_dir, output is None)]
+            left_out += len(files) - len(kept)
+            out.extend((str(f), None) for f in kept)
         else:
             out.append((item, None))  # a missing file is reported when it is processed
     return out, left_out
+
+
+def is_glob(item: str) -> bool:
+    """A pattern for enhance-cli to expand (not a file that happens to have '*' in its name)."""
+    return any(ch in item for ch in "*?[") and not os.path.exists(item)
 
 
 def _earlier_output(f: Path, out_dir: Path | None, beside: bool) -> bool:
@@ -184,18 +194,48 @@ def clashes(targets: list[tuple[str, str]]) -> str | None:
     return None
 
 
-def output_for(src: str, rel: str | None, output: str | None, many: bool) -> str:
+SUFFIX_OF_FORMAT = {"WAV": ".wav", "FLAC": ".flac", "OGG": ".ogg", "MP3": ".mp3", "AIFF": ".aiff"}
+
+
+def derived_suffix(src: str, fmt: str | None) -> str:
+    """The extension of an output named after its input: the input's, unless ``--format`` asks for another
+    container (FLAC data in a file named .wav fooled players) or the input's names no container libsndfile
+    writes (no extension: then the input's own container, where it can be read)."""
+    suffix = Path(src).suffix
+    try:
+        named: tuple[str, str | None] | None = output_format(f"x{suffix}")
+    except AudioError:
+        named = None
+    if fmt is None:
+        if named is not None:
+            return suffix
+        try:
+            fmt = sf.info(src).format
+        except Exception:
+            return suffix  # unreadable: enhancing it reports why
+    fmt = fmt.upper()
+    if named == (fmt, None):
+        return suffix
+    return SUFFIX_OF_FORMAT.get(fmt, f".{fmt.lower()}")
+
+
+def output_for(src: str, rel: str | None, output: str | None, as_dir: bool, fmt: str | None = None) -> str:
+    """Where ``src`` is written: ``-o`` itself, or a name made from the input's (beside it, or under the ``-o``
+    folder, which it is when it ends with '/', exists as a folder, or ``as_dir``: several inputs, a folder or a
+    glob)."""
     if output == "-":
         return "-"
     if output is None:
         if src == "-":
             return "-"
         p = Path(src)
-        return str(p.with_name(f"{p.stem}.enhanced{p.suffix}"))
-    as_dir = many or output.endswith(("/", os.sep)) or os.path.isdir(output)
-    if not as_dir:
+        return str(p.with_name(f"{p.stem}.enhanced{derived_suffix(src, fmt)}"))
+    if not (as_dir or output.endswith(("/", os.sep)) or os.path.isdir(output)):
         return output
-    return str(Path(output) / (rel if rel is not None else Path(src).name))
+    if src == "-":
+        raise AudioError(f"{output}: stdin has no name to write under a folder: give -o a file name (or -)")
+    name = Path(rel if rel is not None else Path(src).name)
+    return str(Path(output) / name.with_suffix(derived_suffix(src, fmt)))
 
 
 def load_model(args: argparse.Namespace) -> Checkpoint:
@@ -237,9 +277,7 @@ def run_one(
     ck: Checkpoint, src: str, dst: str, args: argparse.Namespace, progress: Progress, backend: Any = None
 ) -> FileResult:
     want_maps = args.competition_map is not None
-    if src != "-":
-        import soundfile as sf
-
+    if src != "-" and not _special(src):  # a pipe's header read here would be gone for the enhancement
         try:
             info = sf.info(src)
             progress.start(src, info.frames, info.samplerate)
@@ -251,6 +289,7 @@ def run_one(
                 raise AudioError(
                     "<stdin>: --stream reads raw PCM from stdin and writes it to stdout: use -o -"
                 )
+            t0 = time.perf_counter()
             n = stream_pcm(
                 ck.model,
                 sys.stdin.buffer,
@@ -260,9 +299,17 @@ def run_one(
                 pcm=args.pcm,
                 backend=backend,
             )
-            return FileResult("<stdin>", "-", True, sample_rate=args.rate, channels=args.channels, frames=n)
+            return FileResult(
+                "<stdin>",
+                "-",
+                True,
+                sample_rate=args.rate,
+                channels=args.channels,
+                frames=n,
+                wall_seconds=time.perf_counter() - t0,
+            )
         stream_block = ck.config.stft.hop_length if args.stream else None
-        if src != "-" and dst != "-":
+        if dst != "-" and src != "-" and not _special(src):
             return enhance_file(
                 ck.model,
                 src,
@@ -276,10 +323,11 @@ def run_one(
                 on_progress=progress.update,
                 backend=backend,
             )
-        # a pipe on one side: the encoded audio passes through memory
+        # a pipe on one side (stdin, stdout, a named pipe, /dev/stdin, <(...)): the encoded audio passes through
+        # memory (a pipe cannot be read twice, nor has it a size)
         if src == "-":
             data = sys.stdin.buffer.read()
-        elif os.path.isfile(src):
+        elif os.path.isfile(src) or _special(src):
             data = Path(src).read_bytes()
         else:
             raise AudioError(f"{src}: no such file")
@@ -298,8 +346,7 @@ def run_one(
             backend=backend,
         )
         if dst == "-":
-            sys.stdout.buffer.write(encoded)
-            sys.stdout.buffer.flush()
+            write_all(sys.stdout.buffer, encoded)
         else:
             if os.path.exists(dst) and not args.overwrite:
                 raise AudioError(f"{dst}: output exists (use --overwrite)")
@@ -309,6 +356,23 @@ def run_one(
         return result
     finally:
         progress.close()
+
+
+def _special(src: str) -> bool:
+    """An input that exists but is neither a regular file nor a folder: a named pipe, /dev/stdin, <(...)."""
+    return os.path.exists(src) and not os.path.isfile(src) and not os.path.isdir(src)
+
+
+def write_all(out: BinaryIO, data: bytes) -> None:
+    """All of ``data`` to ``out``, or an error (a write can take part of it: a reader that went away then
+    showed as a short output and exit 0)."""
+    view = memoryview(data)
+    while view:
+        n = out.write(view)
+        if not n:
+            raise BrokenPipeError(32, "output closed before all of the audio was written")
+        view = view[n:]
+    out.flush()
 
 
 def map_target(option: str | None, src: str, rel: str | None, many: bool) -> str:
@@ -325,6 +389,13 @@ def write_competition(path: str, result: FileResult, ck: Checkpoint, src: str) -
 
     assert result.competition is not None
     save_competition_map(path, result.competition, ck, src if src != "-" else None)
+
+
+def _drop_stdout() -> None:
+    """The reader of stdout went away: what is still buffered goes nowhere (not a second error at exit)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _terminated(signum: int, frame: Any) -> None:
@@ -359,12 +430,32 @@ def _run_all(
             else:
                 msg = f"{src}: unexpected {type(exc).__name__}: {exc}"
             print(f"enhance-cli: error: {msg}", file=sys.stderr)
+            if isinstance(exc, BrokenPipeError) and dst == "-":
+                _drop_stdout()
             result = FileResult(src, None, False, error=msg)
         results.append(result)
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # also while the model loads or a backend builds
+        pipe = args_pipe(argv)
+        print(
+            "enhance-cli: interrupted" + ("" if pipe else " (no partial output is left)"),
+            file=sys.stderr,
+        )
+        return 130
+
+
+def args_pipe(argv: list[str] | None) -> bool:
+    """Whether the command line is the raw PCM pipe (``--stream - -o -``), for the interrupt message."""
+    words = sys.argv[1:] if argv is None else argv
+    return "--stream" in words and "-" in words
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     inputs, left_out = expand_inputs(args.inputs, args.output)
@@ -378,7 +469,14 @@ def main(argv: list[str] | None = None) -> int:
     many = len(inputs) > 1
     if many and args.output == "-":
         parser.error("-o - takes a single input")
-    targets = [(src, output_for(src, rel, args.output, many)) for src, rel in inputs]
+    # a folder or a glob makes -o a folder even when it matched one file
+    as_dir = many or any(item != "-" and (os.path.isdir(item) or is_glob(item)) for item in args.inputs)
+    if as_dir and args.output == "-":
+        parser.error("-o - takes a single file, not a folder or a glob")
+    try:
+        targets = [(src, output_for(src, rel, args.output, as_dir, args.format)) for src, rel in inputs]
+    except AudioError as exc:
+        parser.error(str(exc))
     maps = [map_target(args.competition_map, src, rel, many) for src, rel in inputs]
     clash = clashes(targets) or (
         clashes([(src, m) for (src, _), m in zip(targets, maps, strict=True)])
@@ -395,11 +493,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--competition-map must name a folder (ending with '/') when there are several inputs")
     if (
         args.competition_map
-        and not args.competition_map.endswith("/")
-        and Path(args.competition_map).suffix not in (".png", ".npz")
+        and not (args.competition_map.endswith("/") or os.path.isdir(args.competition_map))
+        and Path(args.competition_map).suffix.lower() not in (".png", ".npz")
     ):
-        parser.error("--competition-map must end with .png or .npz")
-    if args.competition_map and not args.competition_map.endswith(".npz"):  # found now, not after the audio
+        parser.error("--competition-map must end with .png or .npz (or name a folder)")
+    if args.competition_map and args.stream and "-" in args.inputs:
+        parser.error("--competition-map is not available on the raw PCM pipe (--stream - -o -)")
+    if args.competition_map and not args.competition_map.lower().endswith(".npz"):  # now, not after the audio
         try:
             import matplotlib  # noqa: F401
         except ImportError:
@@ -421,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         device = torch.device(args.device)
+        if device.type not in ("cpu", "cuda", "mps"):
+            parser.error(f"--device {args.device}: use cpu, cuda or cuda:N (or mps)")
         if device.type == "cuda" and not torch.cuda.is_available():
             parser.error(f"--device {args.device}: no CUDA device here (this PyTorch: {torch.__version__})")
         ck = load_model(args)
@@ -436,17 +538,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_grad_enabled(False)
     say = (
         (lambda msg: None)
-        if (args.quiet or args.output == "-") and not args.json
+        if args.quiet or (args.output == "-" and not args.json)
         else (lambda msg: print(msg, file=sys.stderr))
     )
     progress = Progress(not args.quiet)
     if threading.current_thread() is threading.main_thread():  # a kill unwinds too: no temporary file is left
         signal.signal(signal.SIGTERM, _terminated)
-    try:
-        results = _run_all(ck, targets, maps, args, progress, backend, say)
-    except KeyboardInterrupt:
-        print("enhance-cli: interrupted (no partial output is left)", file=sys.stderr)
-        return 130
+    results = _run_all(ck, targets, maps, args, progress, backend, say)
     if args.json:
         out = {
             "model": {"name": ck.name, "training": ck.training},

@@ -61,6 +61,9 @@ class FileResult:
         }
 
 
+OPUS_RATES = frozenset({8000, 12000, 16000, 24000, 48000})
+
+
 def _resampler(rate_in: int, rate_out: int, channels: int) -> soxr.ResampleStream | None:
     if rate_in == rate_out:
         return None
@@ -133,6 +136,13 @@ def enhance_stream(
             )
         if subtype is not None and not sf.check_format(fmt, subtype):
             raise AudioError(f"{name}: subtype {subtype} cannot be written in format {fmt}")
+        if (
+            subtype == "OPUS" and rate not in OPUS_RATES
+        ):  # found now, not as libsndfile's error on a temp file
+            raise AudioError(
+                f"{name}: Opus takes 8, 12, 16, 24 or 48 kHz audio and this is {rate} Hz "
+                "(outputs keep the input's rate): write .ogg (Vorbis) or .flac instead"
+            )
         clip = subtype is None or subtype not in ("FLOAT", "DOUBLE")
         engine = StreamingEnhancer(model, channels, with_competition, backend=backend)
 
@@ -213,7 +223,7 @@ def enhance_file(
         raise AudioError(f"{src}: no such file")
     if src_p.is_dir():
         raise AudioError(f"{src}: is a directory")
-    if src_p.stat().st_size == 0:
+    if src_p.is_file() and src_p.stat().st_size == 0:  # a pipe has no size
         raise AudioError(f"{src}: empty file (0 bytes)")
     if dst_p.exists() and (dst_p.resolve() == src_p.resolve() or os.path.samefile(src_p, dst_p)):
         raise AudioError(f"{src}: refusing to overwrite the input file")

@@ -445,7 +445,7 @@ def test_a_killed_run_leaves_no_temporary_file(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == code, err
         assert said in err and b"Traceback" not in err
-        assert list(out.iterdir()) == []
+        assert not out.exists()  # nothing left: no temporary file, nor the folder made for the output
 
 
 def test_output_container_and_sample_format(tmp_path: Path, ckpt: str) -> None:
@@ -543,3 +543,112 @@ def test_png_maps_without_matplotlib_are_refused_before_any_work(tmp_path: Path,
         [sys.executable, "-m", "enhance.cli", *args], capture_output=True, env=env, timeout=120
     )
     assert proc.returncode == 0 and dst.exists() and (tmp_path / "m.npz").exists()
+
+
+def test_format_names_the_outputs_it_makes(tmp_path: Path, ckpt: str) -> None:
+    """--format FLAC with names made from the inputs: .flac files (FLAC data in files named .wav, before)."""
+    d = tmp_path / "rec"
+    (d / "sub").mkdir(parents=True)
+    for name in ("a.wav", "sub/b.wav"):
+        sf.write(d / name, noisy(0.3, 16000), 16000)
+    proc = cli(str(d), "-o", str(tmp_path / "out"), "--format", "flac", "--checkpoint", ckpt)
+    assert proc.returncode == 0, proc.stderr.decode()
+    made = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*.*"))
+    assert made == ["a.flac", "sub/b.flac"]
+    assert all(sf.info(str(p)).format == "FLAC" for p in (tmp_path / "out").rglob("*.flac"))
+    proc = cli(str(d / "a.wav"), "--format", "FLAC", "--checkpoint", ckpt)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert sf.info(str(d / "a.enhanced.flac")).format == "FLAC" and not (d / "a.enhanced.wav").exists()
+
+
+def test_a_folder_or_glob_of_one_file_writes_into_the_output_folder(tmp_path: Path, ckpt: str) -> None:
+    d = tmp_path / "one"
+    d.mkdir()
+    sf.write(d / "x.wav", noisy(0.3, 16000), 16000)
+    for source, out in ((str(d), tmp_path / "cleaned"), (str(d / "*.wav"), tmp_path / "cleaned2")):
+        proc = cli(source, "-o", str(out), "--checkpoint", ckpt)  # no trailing '/'
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert (out / "x.wav").is_file()
+    proc = cli(str(d), "-o", "-", "--checkpoint", ckpt)
+    assert proc.returncode == 2 and b"-o - takes a single file" in proc.stderr
+
+
+def test_rerunning_a_glob_does_not_enhance_its_own_outputs(tmp_path: Path, ckpt: str) -> None:
+    d = tmp_path / "g"
+    d.mkdir()
+    sf.write(d / "a.wav", noisy(0.3, 16000), 16000)
+    for _ in range(2):
+        proc = cli(str(d / "*.wav"), "--overwrite", "--checkpoint", ckpt)
+        assert proc.returncode == 0, proc.stderr.decode()
+    assert sorted(p.name for p in d.iterdir()) == ["a.enhanced.wav", "a.wav"]
+    assert b"left out 1 earlier output" in proc.stderr
+
+
+def test_an_input_without_extension_keeps_its_container(tmp_path: Path, ckpt: str) -> None:
+    src = tmp_path / "recording"
+    sf.write(src, noisy(0.3, 16000), 16000, format="FLAC")
+    proc = cli(str(src), "--checkpoint", ckpt)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert sf.info(str(tmp_path / "recording.enhanced.flac")).format == "FLAC"
+
+
+def test_pipes_as_input_files(tmp_path: Path, ckpt: str) -> None:
+    """A named pipe (or /dev/stdin, <(...)) has no size and cannot be read twice: it is read into memory, not
+    refused as an empty file."""
+    src = tmp_path / "a.wav"
+    sf.write(src, noisy(0.5, 16000), 16000)
+    fifo = tmp_path / "fifo.wav"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "enhance.cli", str(fifo), "-o", str(tmp_path / "o.wav"), "--checkpoint", ckpt],
+        env=ENV,
+        stderr=subprocess.PIPE,
+    )
+    with open(fifo, "wb") as f:
+        f.write(src.read_bytes())
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()
+    assert sf.info(str(tmp_path / "o.wav")).frames == sf.info(str(src)).frames
+
+
+def test_a_reader_that_goes_away_is_an_error(tmp_path: Path, ckpt: str) -> None:
+    """-o - into a pipe closed after 100 bytes: exit 1 with a message, not 0 with a cut output."""
+    src = tmp_path / "long.wav"
+    sf.write(src, noisy(6.0, 48000, 2), 48000)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "enhance.cli", str(src), "-o", "-", "--checkpoint", ckpt],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert len(proc.stdout.read(100)) == 100
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 1, err.decode()
+    assert b"Broken pipe" in err or b"output closed" in err, err
+    assert b"Traceback" not in err and b"Exception ignored" not in err, err
+
+
+def test_more_usage_errors(tmp_path: Path, ckpt: str) -> None:
+    src = tmp_path / "a.wav"
+    sf.write(src, noisy(0.3, 16000), 16000)
+    proc = cli("--stream", "-", "-o", "-", "--competition-map", str(tmp_path / "m.npz"), "--checkpoint", ckpt)
+    assert proc.returncode == 2 and b"not available on the raw PCM pipe" in proc.stderr
+    proc = cli(str(src), "-o", str(tmp_path / "o.wav"), "--device", "meta", "--checkpoint", ckpt)
+    assert proc.returncode == 2 and b"--device meta" in proc.stderr
+    proc = cli(str(src), "-o", str(tmp_path / "o.wav"), "--competition-map", str(tmp_path / "M.NPZ"))
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert (tmp_path / "M.NPZ").is_file()
+
+
+def test_opus_output_at_a_rate_opus_cannot_take(tmp_path: Path, ckpt: str) -> None:
+    src = tmp_path / "a.wav"
+    sf.write(src, noisy(0.3, 44100), 44100)
+    proc = cli(str(src), "-o", str(tmp_path / "a.opus"), "--checkpoint", ckpt)
+    assert proc.returncode == 1
+    assert b"Opus" in proc.stderr and b"44100" in proc.stderr and b".tmp" not in proc.stderr
+    assert list(tmp_path.iterdir()) == [src]
+    sf.write(src, noisy(0.3, 48000), 48000)
+    assert cli(str(src), "-o", str(tmp_path / "a.opus"), "--checkpoint", ckpt, "--overwrite").returncode == 0
+    assert sf.info(str(tmp_path / "a.opus")).subtype == "OPUS"
