@@ -143,30 +143,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def expand_inputs(items: list[str], output: str | None = None) -> tuple[list[tuple[str, str | None]], int]:
-    """(path, relative name under its folder or None) for every input ('-' stays '-'), and how many files of the
+def expand_inputs(
+    items: list[str], output: str | None = None
+) -> tuple[list[tuple[str, str | None]], int, bool]:
+    """(path, relative name under its folder or None) for every input ('-' stays '-'); how many files of the
     folders and globs given were left out as earlier outputs: those under the output folder (``-o`` inside an
-    input folder) and, when outputs go beside their inputs (no ``-o``), the ``*.enhanced.*`` files."""
+    input folder) and, when outputs go beside their inputs (no ``-o``), the ``*.enhanced.*`` files; and whether
+    any item was a folder or a glob (then ``-o`` is a folder, even for one file found)."""
     out: list[tuple[str, str | None]] = []
     left_out = 0
+    collective = False
     out_dir = Path(output).resolve() if output not in (None, "-") else None
     for item in items:
         if item == "-":
             out.append(("-", None))
         elif os.path.isdir(item):
+            collective = True
             root = Path(item)
             files = sorted(f for f in root.rglob("*") if f.is_file() and f.suffix.lower() in AUDIO_SUFFIXES)
             kept = [f for f in files if not _earlier_output(f, out_dir, output is None)]
             left_out += len(files) - len(kept)
             out.extend((str(f), str(f.relative_to(root))) for f in kept)
         elif is_glob(item):
+            collective = True
             files = [Path(f) for f in sorted(glob.glob(item, recursive=True)) if os.path.isfile(f)]
             kept = [f for f in files if not _earlier_output(f, out_dir, output is None)]
             left_out += len(files) - len(kept)
             out.extend((str(f), None) for f in kept)
         else:
             out.append((item, None))  # a missing file is reported when it is processed
-    return out, left_out
+    return out, left_out, collective
 
 
 def is_glob(item: str) -> bool:
@@ -194,9 +200,6 @@ def clashes(targets: list[tuple[str, str]]) -> str | None:
     return None
 
 
-SUFFIX_OF_FORMAT = {"WAV": ".wav", "FLAC": ".flac", "OGG": ".ogg", "MP3": ".mp3", "AIFF": ".aiff"}
-
-
 def derived_suffix(src: str, fmt: str | None) -> str:
     """The extension of an output named after its input: the input's, unless ``--format`` asks for another
     container (FLAC data in a file named .wav fooled players) or the input's names no container libsndfile
@@ -216,7 +219,7 @@ def derived_suffix(src: str, fmt: str | None) -> str:
     fmt = fmt.upper()
     if named == (fmt, None):
         return suffix
-    return SUFFIX_OF_FORMAT.get(fmt, f".{fmt.lower()}")
+    return f".{fmt.lower()}"
 
 
 def output_for(src: str, rel: str | None, output: str | None, as_dir: bool, fmt: str | None = None) -> str:
@@ -277,7 +280,8 @@ def run_one(
     ck: Checkpoint, src: str, dst: str, args: argparse.Namespace, progress: Progress, backend: Any = None
 ) -> FileResult:
     want_maps = args.competition_map is not None
-    if src != "-" and not _special(src):  # a pipe's header read here would be gone for the enhancement
+    pipe_in = src != "-" and _special(src)  # a named pipe, /dev/stdin, <(...): read once, into memory
+    if src != "-" and not pipe_in:  # (a pipe's header read here would be gone for the enhancement)
         try:
             info = sf.info(src)
             progress.start(src, info.frames, info.samplerate)
@@ -309,7 +313,7 @@ def run_one(
                 wall_seconds=time.perf_counter() - t0,
             )
         stream_block = ck.config.stft.hop_length if args.stream else None
-        if dst != "-" and src != "-" and not _special(src):
+        if dst != "-" and src != "-" and not pipe_in:
             return enhance_file(
                 ck.model,
                 src,
@@ -327,7 +331,7 @@ def run_one(
         # memory (a pipe cannot be read twice, nor has it a size)
         if src == "-":
             data = sys.stdin.buffer.read()
-        elif os.path.isfile(src) or _special(src):
+        elif os.path.isfile(src) or pipe_in:
             data = Path(src).read_bytes()
         else:
             raise AudioError(f"{src}: no such file")
@@ -438,27 +442,18 @@ def _run_all(
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        return _main(argv)
+        return _main(parser, args)
     except KeyboardInterrupt:  # also while the model loads or a backend builds
-        pipe = args_pipe(argv)
-        print(
-            "enhance-cli: interrupted" + ("" if pipe else " (no partial output is left)"),
-            file=sys.stderr,
-        )
+        pipe = args.stream and "-" in args.inputs  # what it wrote is gone down the pipe already
+        print("enhance-cli: interrupted" + ("" if pipe else " (no partial output is left)"), file=sys.stderr)
         return 130
 
 
-def args_pipe(argv: list[str] | None) -> bool:
-    """Whether the command line is the raw PCM pipe (``--stream - -o -``), for the interrupt message."""
-    words = sys.argv[1:] if argv is None else argv
-    return "--stream" in words and "-" in words
-
-
-def _main(argv: list[str] | None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    inputs, left_out = expand_inputs(args.inputs, args.output)
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    inputs, left_out, collective = expand_inputs(args.inputs, args.output)
     if left_out:
         print(
             f"enhance-cli: left out {left_out} earlier output file(s) found in the input folders",
@@ -469,8 +464,7 @@ def _main(argv: list[str] | None) -> int:
     many = len(inputs) > 1
     if many and args.output == "-":
         parser.error("-o - takes a single input")
-    # a folder or a glob makes -o a folder even when it matched one file
-    as_dir = many or any(item != "-" and (os.path.isdir(item) or is_glob(item)) for item in args.inputs)
+    as_dir = many or collective  # a folder or a glob makes -o a folder even when it matched one file
     if as_dir and args.output == "-":
         parser.error("-o - takes a single file, not a folder or a glob")
     try:

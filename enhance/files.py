@@ -136,9 +136,8 @@ def enhance_stream(
             )
         if subtype is not None and not sf.check_format(fmt, subtype):
             raise AudioError(f"{name}: subtype {subtype} cannot be written in format {fmt}")
-        if (
-            subtype == "OPUS" and rate not in OPUS_RATES
-        ):  # found now, not as libsndfile's error on a temp file
+        # found now, not as libsndfile's error naming a temporary file
+        if subtype == "OPUS" and rate not in OPUS_RATES:
             raise AudioError(
                 f"{name}: Opus takes 8, 12, 16, 24 or 48 kHz audio and this is {rate} Hz "
                 "(outputs keep the input's rate): write .ogg (Vorbis) or .flac instead"

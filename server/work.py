@@ -46,9 +46,8 @@ def inspect_upload(data: bytes, name: str, limits: Limits) -> AudioInfo:
     """The upload's header, checked against the limits before any decoding (cheap)."""
     try:
         info = read_info(data)
-    except (
-        AudioError
-    ) as exc:  # no header libsndfile knows: a client may convert and retry (the web page does)
+    except AudioError as exc:
+        # no header libsndfile knows: a client may convert the file and retry (the web page does)
         raise ApiError(422, "unsupported_format", _reason(exc, name)) from None
     if not MIN_RATE <= info.sample_rate <= MAX_RATE:
         raise ApiError(

@@ -7,11 +7,8 @@ const $ = (id) => document.getElementById(id);
 const SPEC_RATE = 16000, FFT_SIZE = 512, HOP = 256, MAX_COLUMNS = 2400;
 let objectUrls = [];
 let recorder = null;
-let currentRun = 0;       // each run() takes the next number; an older run stops at its next await
-let runAbort = null;      // aborts the requests of the run in progress when a newer one starts
+let runAbort = null;  // the run in progress; a newer run aborts it: its requests, and it stops at its next await
 const READY_TEXT = "Choose a file to start.";
-
-class Superseded extends Error {}
 
 function setState(state, message) {
   document.body.dataset.state = state;
@@ -53,7 +50,7 @@ async function post(path, blob, name, signal) {
     const wait = Math.min(10, Number(resp.headers.get("Retry-After")) || 1);
     setState("working", `Server busy, retrying in ${wait} s…`);
     await new Promise((r) => setTimeout(r, wait * 1000));
-    if (signal.aborted) throw new Superseded();
+    signal.throwIfAborted();
   }
 }
 
@@ -229,12 +226,11 @@ function clearResults() {
 }
 
 async function run(blob, name) {
-  const id = ++currentRun;
   if (runAbort) runAbort.abort();
   const abort = new AbortController();
   runAbort = abort;
-  const isCurrent = () => id === currentRun;
-  const check = () => { if (!isCurrent()) throw new Superseded(); };  // after every await
+  const isCurrent = () => !abort.signal.aborted;
+  const check = () => abort.signal.throwIfAborted();  // after every await
   clearResults();
   setState("working", `Enhancing ${name}…`);
   $("noisy-audio").src = keepUrl(blob);
@@ -276,10 +272,8 @@ async function run(blob, name) {
     check();
     setState("done", `Done: ${name} (${analysis.duration_s.toFixed(2)} s) enhanced in ${seconds} s.`);
   } catch (err) {
-    if (!isCurrent() || err instanceof Superseded || err.name === "AbortError") return;  // a newer run owns the page
+    if (!isCurrent()) return;  // a newer run owns the page
     setState("error", `Error: ${err.message}`);
-  } finally {
-    if (runAbort === abort && isCurrent()) runAbort = null;
   }
 }
 
