@@ -8,6 +8,10 @@ a run that is already complete is kept, a killed one is resumed (``--resume``), 
 again. Each run's best checkpoint is then evaluated on ``--pairs`` (PESQ, STOI, SI-SDR; DNSMOS with ``--dnsmos``).
 Writes ``--out``/comparison.md (the table, with the noisy input row) and comparison.png (validation loss per epoch,
 the convergence curves) if matplotlib is installed.
+
+``--round-epochs K`` trains the configs in turn, K epochs at a time, and tabulates after each round, so a comparison
+stopped by a time limit leaves a table of runs trained equally long; without it, each config runs to ``--epochs``
+before the next one starts.
 """
 
 from __future__ import annotations
@@ -45,6 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--pairs", default=None, help="paired dev/test set to evaluate on (default: the data config's)"
     )
     p.add_argument("--epochs", type=int, required=True)
+    p.add_argument(
+        "--round-epochs",
+        type=int,
+        default=None,
+        metavar="K",
+        help="train the configs in turn, K epochs at a time, and tabulate after each round",
+    )
     p.add_argument("--steps-per-epoch", type=int, default=None, help="cap steps per epoch (default: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
@@ -57,17 +68,17 @@ def _epochs_done(run: Path) -> int:
     return len(val_curve(run)) if (run / "metrics.csv").is_file() else 0
 
 
-def train(name: str, run: Path, args: argparse.Namespace) -> None:
-    if _epochs_done(run) >= args.epochs:
-        print(f"[compare] {name}: {args.epochs} epochs already done", flush=True)
+def train(name: str, run: Path, epochs: int, args: argparse.Namespace) -> None:
+    if _epochs_done(run) >= epochs:
+        print(f"[compare] {name}: {epochs} epochs already done", flush=True)
         return
     cmd = [sys.executable, "-m", "recipes.train", "--out", str(run)]
     if (run / "state.pt").is_file():  # a killed run, or a finished one extended to more epochs
-        cmd += ["--resume", "--epochs", str(args.epochs)]
+        cmd += ["--resume", "--epochs", str(epochs)]
     else:
         for c in args.config:
             cmd += ["--config", c]
-        cmd += ["--model", name, "--epochs", str(args.epochs), "--seed", str(args.seed)]
+        cmd += ["--model", name, "--epochs", str(epochs), "--seed", str(args.seed)]
         if args.steps_per_epoch:
             cmd += ["--max-steps-per-epoch", str(args.steps_per_epoch)]
     if args.threads:
@@ -169,34 +180,53 @@ def plot(rows: list[tuple[str, list[float], dict]], path: Path) -> bool:
     return True
 
 
+def rounds(epochs: int, round_epochs: int | None) -> list[int]:
+    """The epoch counts every config is brought to in turn: [epochs], or K, 2K, ... up to epochs."""
+    if not round_epochs or round_epochs >= epochs:
+        return [epochs]
+    return [*range(round_epochs, epochs, round_epochs), epochs]
+
+
+def run_round(args: argparse.Namespace, epochs: int) -> None:
+    """Train every config to ``epochs`` (unless ``--skip-training``), evaluate, and write the table."""
+    rows = []
+    for name in args.configs:
+        run = args.out / name
+        try:
+            if not args.skip_training:
+                train(name, run, epochs, args)
+            saved = json.loads((run / "config.json").read_text())
+            pairs = args.pairs or saved["data"].get("val_pairs")
+            if not pairs:
+                raise ValueError("no --pairs and the run has no val_pairs to evaluate on")
+            rows.append((name, val_curve(run), evaluate(name, run, pairs, args.dnsmos)))
+        except (subprocess.CalledProcessError, FileNotFoundError, ValueError) as exc:
+            raise ValueError(f"{name}: {exc}") from exc
+    text = table(rows, args.dnsmos)
+    with atomic_path(args.out / "comparison.md") as tmp:
+        Path(tmp).write_text(text)
+    drawn = plot(rows, args.out / "comparison.png")
+    print(text)
+    print(f"wrote {args.out}/comparison.md" + (" and comparison.png" if drawn else ""), flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.epochs < 1 or (args.round_epochs is not None and args.round_epochs < 1):
+        print("tim-compare: error: --epochs and --round-epochs must be at least 1", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     try:
         check_settings(args)
     except (OSError, ValueError) as exc:
         print(f"tim-compare: error: {exc}", file=sys.stderr)
         return 1
-    rows = []
-    for name in args.configs:
-        run = args.out / name
+    for epochs in rounds(args.epochs, None if args.skip_training else args.round_epochs):
         try:
-            if not args.skip_training:
-                train(name, run, args)
-            saved = json.loads((run / "config.json").read_text())
-            pairs = args.pairs or saved["data"].get("val_pairs")
-            if not pairs:
-                raise ValueError(f"{name}: no --pairs and the run has no val_pairs to evaluate on")
-            rows.append((name, val_curve(run), evaluate(name, run, pairs, args.dnsmos)))
-        except (subprocess.CalledProcessError, FileNotFoundError, ValueError) as exc:
-            print(f"tim-compare: error: {name}: {exc}", file=sys.stderr)
+            run_round(args, epochs)
+        except ValueError as exc:
+            print(f"tim-compare: error: {exc}", file=sys.stderr)
             return 1
-    text = table(rows, args.dnsmos)
-    with atomic_path(args.out / "comparison.md") as tmp:
-        Path(tmp).write_text(text)
-    drawn = plot(rows, args.out / "comparison.png")
-    print(text)
-    print(f"wrote {args.out}/comparison.md" + (" and comparison.png" if drawn else ""))
     return 0
 
 

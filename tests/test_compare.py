@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from recipes.compare import main as compare_main
-from tests.audio_trees import build_folders
+from recipes.compare import rounds
+from tests.audio_trees import FolderTree, build_folders
 
 
-def test_compare_trains_evaluates_and_tabulates_each_config(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _write_data_config(tmp_path: Path) -> FolderTree:
+    """Generated speech/noise/dev folders under tmp_path/data and tmp_path/data.json pointing at them."""
     tree = build_folders(tmp_path / "data")
     data = {
         "data": {
@@ -26,6 +26,13 @@ def test_compare_trains_evaluates_and_tabulates_each_config(
         "train": {"batch_size": 2},
     }
     (tmp_path / "data.json").write_text(json.dumps(data))
+    return tree
+
+
+def test_compare_trains_evaluates_and_tabulates_each_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = _write_data_config(tmp_path)
     monkeypatch.chdir(tmp_path)  # relative paths mean the caller's folder, in the training children too
     args = ["--out", "cmp", "--config", "data.json", "--configs", "tiny"]
     args += ["tiny-transformer", "--epochs", "2", "--steps-per-epoch", "2", "--threads", "1"]
@@ -95,3 +102,37 @@ def test_compare_reports_a_failed_run_without_a_traceback(
     broken.write_text(json.dumps({"data": {"recipe": "folders", "speech": [str(tmp_path / "none")]}}))
     assert compare_main(["--out", str(tmp_path / "b"), "--config", str(broken), *args]) == 1
     assert "tim-compare: error: tiny" in capsys.readouterr().err
+
+
+def test_round_epochs_bring_every_config_level_before_any_goes_further(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert rounds(5, 2) == [2, 4, 5] and rounds(4, 2) == [2, 4]
+    assert rounds(3, None) == [3] and rounds(3, 7) == [3]
+    _write_data_config(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    args = ["--out", "cmp", "--config", "data.json", "--configs", "tiny", "tiny-transformer"]
+    args += ["--epochs", "2", "--round-epochs", "1", "--steps-per-epoch", "1", "--threads", "1"]
+    assert compare_main(args) == 0
+    out = capsys.readouterr().out
+    starts = [line for line in out.splitlines() if line.startswith("[compare]") and "recipes.train" in line]
+    assert len(starts) == 4
+    assert "tiny:" in starts[0] and "--epochs 1" in starts[0]
+    assert "tiny-transformer:" in starts[1] and "--epochs 1" in starts[1]
+    assert "tiny:" in starts[2] and "--resume --epochs 2" in starts[2]
+    assert "tiny-transformer:" in starts[3] and "--resume --epochs 2" in starts[3]
+    # a table after each round: the first with one epoch per run, the last with two
+    tables = out.count("| system | val loss by epoch |")
+    assert tables == 2
+    final = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert "different numbers of epochs" not in final
+    for line in final.splitlines()[3:5]:
+        assert len(line.split("|")[2].split(",")) == 2
+
+
+def test_compare_refuses_zero_epochs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = compare_main(
+        ["--out", str(tmp_path / "c"), "--configs", "tiny", "--epochs", "2", "--round-epochs", "0"]
+    )
+    assert code == 2 and "at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
