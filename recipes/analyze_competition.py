@@ -10,6 +10,9 @@ For every TIM layer with competition, over all frames of the given noisy/clean p
 * how well each mechanism's score separates speech frames from non-speech frames: ROC-AUC against a voice-activity
   label from the clean signal (frame energy within ``--vad-db`` dB of the file's loudest frame; same framing as the
   model). 0.5 = no separation; above 0.5 the mechanism wins on speech, below 0.5 on non-speech.
+* the same ROC-AUC within deciles of the noisy input's frame level (the pairs compared are frames of similar input
+  level), beside the ROC-AUC of that level alone: speech frames are louder, so a score that only follows the input
+  level separates them too. A level-matched AUC near 0.5 means the mechanism tracks loudness, not speech.
 
 Writes ``summary.md``/``summary.json`` (tables), ``entropy_by_layer.png`` and ``maps_<name>.png`` for the first
 ``--figures`` files (maps drawn over the spectrogram).
@@ -65,6 +68,28 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     return float((ranks[labels].sum() - pos * (pos + 1) / 2) / (pos * neg))
 
 
+def frame_level_db(x: np.ndarray, ck: Checkpoint) -> np.ndarray:
+    """Per model frame: the frame's energy in dB (the noisy input's level as the model sees it, unnormalised)."""
+    spec = stft(torch.from_numpy(x), ck.config.stft)
+    return 10 * np.log10((spec.abs() ** 2).sum(-1).numpy() + 1e-12)
+
+
+def level_matched_auc(scores: np.ndarray, labels: np.ndarray, level: np.ndarray, bins: int = 10) -> float:
+    """ROC-AUC over the (speech, non-speech) frame pairs that fall in the same quantile bin of ``level``: the
+    Mann-Whitney statistic restricted to pairs of similar input level (bins with one class only add nothing)."""
+    edges = np.quantile(level, np.linspace(0, 1, bins + 1)[1:-1])
+    which = np.searchsorted(edges, level, side="right")
+    total, weight = 0.0, 0
+    for b in range(bins):
+        sel = which == b
+        pos = int(labels[sel].sum())
+        neg = int(sel.sum()) - pos
+        if pos and neg:
+            total += roc_auc(scores[sel], labels[sel]) * pos * neg
+            weight += pos * neg
+    return total / weight if weight else math.nan
+
+
 def layer_correlation(maps: list[np.ndarray]) -> np.ndarray:
     """[L, L] correlation of the layers' competition over frames (mean over mechanisms of per-mechanism ones)."""
     n_s = maps[0].shape[-1]
@@ -81,6 +106,7 @@ def analyze(
         raise ValueError(f"model '{ck.name}' has no TIM layers with competition")
     per_layer: list[list[np.ndarray]] = [[] for _ in blocks]
     labels: list[np.ndarray] = []
+    levels: list[np.ndarray] = []
     out.mkdir(parents=True, exist_ok=True)
     drawn = 0
     for pair in pairs:
@@ -96,6 +122,7 @@ def analyze(
         for store, c in zip(per_layer, result.competition, strict=True):
             store.append(c[0])
         labels.append(vad_labels(clean[:n], ck, vad_db))
+        levels.append(frame_level_db(noisy[:n], ck))
         if drawn < figures:
             save_competition_map(
                 str(out / f"maps_{pair.name}.png"), result.competition, ck, str(pair.noisy_path)
@@ -104,6 +131,7 @@ def analyze(
     if not labels:
         raise ValueError("no pair could be read")
     vad = np.concatenate(labels)
+    level = np.concatenate(levels)
     maps = [np.concatenate(chunks) for chunks in per_layer]  # per layer [frames, n_s]
     layers = []
     for block, m in zip(blocks, maps, strict=True):
@@ -117,6 +145,9 @@ def analyze(
                 "entropy_p90": float(np.percentile(h, 90)),
                 "max_entropy": math.log(m.shape[-1]),
                 "auc_speech": [roc_auc(m[:, k], vad) for k in range(m.shape[-1])],
+                "auc_speech_level_matched": [
+                    level_matched_auc(m[:, k], vad, level) for k in range(m.shape[-1])
+                ],
                 "mean_score": [float(x) for x in m.mean(0)],
             }
         )
@@ -126,6 +157,7 @@ def analyze(
         "frames": len(vad),
         "speech_frames": int(vad.sum()),
         "vad_db": vad_db,
+        "auc_noisy_level": roc_auc(level, vad),  # the input level alone as a speech detector
         "layers": layers,
         "layer_correlation": layer_correlation(maps).tolist(),
         "blocks": blocks,
@@ -140,14 +172,20 @@ def markdown(r: dict[str, Any]) -> str:
         f"Competition of model `{r['model']}` on {r['files']} files ({r['frames']} frames, {r['speech_frames']} speech "
         f"frames by a clean-signal VAD at {r['vad_db']:g} dB below the loudest frame).",
         "",
-        "| block | entropy mean (nats) | p10 | p50 | p90 | max (ln n_s) | speech ROC-AUC per mechanism | mean score per mechanism |",
-        "|---|---|---|---|---|---|---|---|",
+        f"The noisy input's frame level alone separates speech frames with ROC-AUC {r['auc_noisy_level']:.3f}; the "
+        "level-matched column compares only frames within the same decile of that level.",
+        "",
+        "| block | entropy mean (nats) | p10 | p50 | p90 | max (ln n_s) | speech ROC-AUC per mechanism "
+        "| level-matched ROC-AUC | mean score per mechanism |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for L in r["layers"]:
         lines.append(
             f"| {L['block']} | {L['entropy_mean']:.3f} | {L['entropy_p10']:.3f} | {L['entropy_p50']:.3f} | "
             f"{L['entropy_p90']:.3f} | {L['max_entropy']:.3f} | "
             + ", ".join(f"{a:.3f}" for a in L["auc_speech"])
+            + " | "
+            + ", ".join(f"{a:.3f}" for a in L["auc_speech_level_matched"])
             + " | "
             + ", ".join(f"{s:.3f}" for s in L["mean_score"])
             + " |"

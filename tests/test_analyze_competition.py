@@ -10,7 +10,7 @@ import soundfile as sf
 import torch
 
 from models import Enhancer, get_config, save_checkpoint
-from recipes.analyze_competition import layer_correlation, roc_auc
+from recipes.analyze_competition import layer_correlation, level_matched_auc, roc_auc
 from tests.conftest import ROOT, speech_like
 
 
@@ -24,6 +24,27 @@ def test_roc_auc_matches_definition() -> None:
     pairs = (s[lab][:, None] > s[~lab][None, :]).mean()  # P(score_pos > score_neg)
     assert abs(roc_auc(s, lab) - pairs) < 1e-12
     assert np.isnan(roc_auc(s, np.zeros(2000, bool)))
+
+
+def test_level_matched_auc_sees_through_a_score_that_only_follows_the_level() -> None:
+    """Speech is likelier in loud frames: a score equal to the level separates speech overall, but not among
+    frames of similar level; a score that carries the label itself does both."""
+    rng = np.random.default_rng(3)
+    n = 20000
+    level = rng.random(n) * 10  # dB-like, uniform
+    labels = rng.random(n) < np.floor(level) / 10  # depends on the level's decile only
+    assert roc_auc(level, labels) > 0.8
+    assert abs(level_matched_auc(level, labels, level) - 0.5) < 0.03
+    informed = labels + 0.8 * rng.standard_normal(n)
+    assert level_matched_auc(informed, labels, level) > 0.75
+    # exactly the pairwise definition: P(score_pos > score_neg) over same-bin pairs
+    lv, sc = rng.random(600), rng.random(600)
+    lab = rng.random(600) < lv
+    which = np.searchsorted(np.quantile(lv, [0.5]), lv, side="right")
+    same = which[lab][:, None] == which[~lab][None, :]
+    wins = sc[lab][:, None] > sc[~lab][None, :]
+    assert abs(level_matched_auc(sc, lab, lv, bins=2) - wins[same].mean()) < 1e-12
+    assert np.isnan(level_matched_auc(sc, np.zeros(600, bool), lv))
 
 
 def test_layer_correlation_of_identical_layers_is_one() -> None:
@@ -72,9 +93,13 @@ def test_command_end_to_end(tmp_path: Path) -> None:
     (layer,) = r["layers"]
     assert 0 <= layer["entropy_p10"] <= layer["entropy_mean"] <= layer["max_entropy"] + 1e-9
     assert len(layer["auc_speech"]) == 4 and all(0 <= a <= 1 for a in layer["auc_speech"])
+    matched = layer["auc_speech_level_matched"]
+    assert len(matched) == 4 and all(0 <= a <= 1 for a in matched)
+    assert 0.5 < r["auc_noisy_level"] <= 1  # speech frames are the loud ones in these files
     assert abs(sum(layer["mean_score"]) - 1) < 1e-5
     assert (out / "entropy_by_layer.png").is_file() and (out / "maps_0.png").is_file()
     assert "| block |" in (out / "summary.md").read_text()
+    assert "level-matched ROC-AUC" in (out / "summary.md").read_text()
 
 
 def test_command_errors_are_messages_and_a_bad_file_is_skipped(tmp_path: Path, capsys) -> None:
