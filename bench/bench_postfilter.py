@@ -24,7 +24,10 @@ the noisy phase like the engine does. A filter is a ``+``-joined chain of steps 
 * ``fmean=N`` / ``fgeo=N`` / ``fmed=N``: the gain ``G = P / X`` replaced by its arithmetic mean, geometric mean or
   median over ``N`` neighbouring bins (odd; the edge bins repeated), against musical noise (RNNoise's band gains
   are smooth across frequency, the network's are per bin);
-* ``raw``: no change.
+* ``raw``: no change;
+* ``oracle``, first in a chain only: ``P`` is replaced by the clean file's own magnitude, so the row is what a
+  perfect magnitude prediction gives with the noisy phase (the ceiling of this design, with any steps after it,
+  e.g. ``oracle+limit=30``).
 
 ``dfpf``, ``release`` and the ``f*`` smoothers work on the gain ``G = P / X`` capped at 1, so they also cap ``P`` at ``X`` (the network's
 residual output can exceed the noisy magnitude slightly); ``relative`` caps the frame gain ``g`` at 1.
@@ -158,13 +161,19 @@ def step_freq(kind: str) -> Callable[[float], Step]:
     return make
 
 
+def is_oracle(spec: str) -> bool:
+    """A chain that starts from the clean magnitude instead of the network's prediction."""
+    return spec.split("+")[0].strip() == "oracle"
+
+
 def parse_filter(spec: str) -> Step:
-    """A ``+``-joined chain of ``name=value`` steps (see the module docstring); raises ValueError."""
+    """A ``+``-joined chain of ``name=value`` steps (see the module docstring); raises ValueError. A leading
+    ``oracle`` is left to :func:`filtered_outputs` (it needs the clean file)."""
     steps: list[Step] = []
-    for part in spec.split("+"):
+    for i, part in enumerate(spec.split("+")):
         name, _, arg = part.strip().partition("=")
         try:
-            if name == "raw" and not arg:
+            if (name == "raw" or (name == "oracle" and i == 0)) and not arg:
                 continue
             if name == "expander":
                 r, k = arg.split("/")
@@ -221,16 +230,27 @@ def _frame_power(wav: np.ndarray, cfg: STFTConfig) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def filtered_outputs(model: Any, noisy: np.ndarray, filters: dict[str, Step]) -> dict[str, np.ndarray]:
+def filtered_outputs(
+    model: Any, noisy: np.ndarray, filters: dict[str, Step], clean: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """The network once, then every post-filter; waveforms at the input's length. ``model`` must have no
-    attenuation limit (the ``limit`` step is the limit)."""
+    attenuation limit (the ``limit`` step is the limit). ``oracle`` chains start from ``clean``'s magnitude."""
     cfg = model.cfg.stft
     spec = stft(torch.from_numpy(noisy)[None], cfg)
     x = spec.abs()[0]
     p = torch.expm1(model(log_magnitude(spec)).log_mag.clamp(min=0.0))[0]
+    c = None if clean is None else stft(torch.from_numpy(clean)[None], cfg).abs()[0]
     # + 0.0: the engine's phase of silence (enhance.stft.apply_magnitude)
     phase = torch.polar(torch.ones_like(x), (spec + 0.0).angle()[0])
-    return {name: istft(f(x, p) * phase, cfg, len(noisy)).numpy() for name, f in filters.items()}
+    out = {}
+    for name, f in filters.items():
+        start = p
+        if is_oracle(name):
+            if c is None:
+                raise ValueError(f"'{name}' needs the clean file")
+            start = c
+        out[name] = istft(f(x, start) * phase, cfg, len(noisy)).numpy()
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -286,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         n = min(len(clean), len(noisy))
         clean, noisy = clean[:n], noisy[:n]
         # the clean file itself is the reference row: how far down the target's own pauses are
-        outputs = {"noisy": noisy, "clean": clean, **filtered_outputs(model, noisy, filters)}
+        outputs = {"noisy": noisy, "clean": clean, **filtered_outputs(model, noisy, filters, clean)}
         for e in entries:
             if e.system is not None:
                 y, _ = bench_quality.run_system(e, noisy)
@@ -302,7 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     means = summarize(rows, systems=names, keys=(*METRIC_KEYS, "pause_att_db"))
     table = []
     for name in names:
-        label = name if name in ("noisy", "clean") or name in {e.name for e in entries} else f"tim + {name}"
+        plain = name in ("noisy", "clean") or name in {e.name for e in entries} or is_oracle(name)
+        label = name if plain else f"tim + {name}"
         n_pause = sum(r["system"] == name and math.isfinite(r["pause_att_db"]) for r in rows)
         m = means[name]
         values = {k: m[k] for k in (*METRIC_KEYS, "pause_att_db")}

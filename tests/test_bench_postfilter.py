@@ -65,6 +65,36 @@ def test_limit_step_equals_the_engines_attenuation_limit(
     assert np.abs(raw - engine).max() > 1e-3  # the untrained model attenuates past 12 dB somewhere
 
 
+def test_oracle_starts_from_the_clean_magnitude_with_the_noisy_phase(
+    bench: ModuleType, tiny_model: models.Enhancer
+) -> None:
+    """``oracle`` rows: the clean file's magnitude rebuilt with the noisy phase (whatever the network says), and
+    later steps of the chain apply to it; ``oracle`` anywhere but first is a bad step."""
+    from enhance.stft import istft, stft
+
+    rng = np.random.default_rng(4)
+    clean = _with_pause(2.0, 2)
+    noisy = (clean + 0.05 * rng.standard_normal(len(clean))).astype(np.float32)
+    filters = {s: bench.parse_filter(s) for s in ("oracle", "oracle+limit=6", "raw")}
+    out = bench.filtered_outputs(tiny_model, noisy, filters, clean)
+    cfg = tiny_model.cfg.stft
+    spec_n, spec_c = (stft(torch.from_numpy(a)[None], cfg)[0] for a in (noisy, clean))
+    want = istft(torch.polar(spec_c.abs(), (spec_n + 0.0).angle()), cfg, len(noisy)).numpy()
+    np.testing.assert_allclose(out["oracle"], want, atol=1e-6)
+    # the oracle is close to the clean signal and far closer than the untrained network's output
+    err = {k: float(np.mean((out[k] - clean) ** 2)) for k in ("oracle", "raw")}
+    assert err["oracle"] < 0.2 * float(np.mean((noisy - clean) ** 2)) and err["oracle"] < err["raw"]
+    # the oracle's pause is silent (clean magnitude 0 there); a 6-dB limit keeps the noise at -6 dB
+    pause = slice(len(clean) // 2 - 4000, len(clean) // 2 + 4000)
+    noise_energy = np.sum(noisy[pause] ** 2)
+    assert np.sum(out["oracle"][pause] ** 2) < 0.01 * noise_energy
+    assert np.sum(out["oracle+limit=6"][pause] ** 2) > 10 ** (-6.5 / 10) * noise_energy
+    with pytest.raises(ValueError, match="clean file"):
+        bench.filtered_outputs(tiny_model, noisy, {"oracle": filters["oracle"]})
+    with pytest.raises(ValueError, match="bad post-filter step"):
+        bench.parse_filter("limit=20+oracle")
+
+
 def test_steps(bench: ModuleType) -> None:
     x = torch.ones(6, 5)
     gains = torch.tensor([1.0, 0.5, 0.1, 0.01, 0.0])
@@ -128,7 +158,7 @@ def test_command_end_to_end(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(SCRIPT), "--pairs", str(pairs), "--checkpoint", str(ckpt), "--no-dnsmos"]
     done = subprocess.run(
-        [*cmd, "--filters", "raw;limit=20;dfpf=0.05+limit=20", "--out", str(out)],
+        [*cmd, "--filters", "raw;limit=20;dfpf=0.05+limit=20;oracle", "--out", str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -139,7 +169,15 @@ def test_command_end_to_end(tmp_path: Path) -> None:
     assert "skipped" in done.stderr and "0002.wav" in done.stderr
     with (out / "summary.csv").open(newline="") as f:
         rows = {r["system"]: r for r in csv.DictReader(f)}
-    assert list(rows) == ["noisy", "clean", "tim + raw", "tim + limit=20", "tim + dfpf=0.05+limit=20"]
+    assert list(rows) == [
+        "noisy",
+        "clean",
+        "tim + raw",
+        "tim + limit=20",
+        "tim + dfpf=0.05+limit=20",
+        "oracle",
+    ]
+    assert float(rows["oracle"]["si_sdr"]) > float(rows["noisy"]["si_sdr"]) + 5  # the clean magnitude
     assert float(rows["clean"]["si_sdr"]) > 60.0  # the clean file scored against itself
     assert (
         float(rows["clean"]["pause_att_db"]) < -40.0
