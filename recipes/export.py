@@ -159,6 +159,12 @@ def _loss(train: dict[str, Any]) -> str:
     low = float(train.get("low_level_weight", 0.0))
     if low > 0:
         words += f", plus {low:g} x a log(|X| + {float(train['low_level_floor']):g}) MSE term"
+    ema = float(train.get("ema_decay", 0.0))
+    if ema > 0:
+        words += (
+            f". The checkpoints hold a moving average of the weights (decay {ema:g} per step, `--ema-decay`),"
+            " which is also what was validated"
+        )
     return words + "."
 
 

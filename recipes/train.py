@@ -93,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra weight on errors that leave noise in (prediction above the clean target): 3 makes them count "
         "4x (0: the paper's symmetric MSE; experimental)",
     )
+    g.add_argument(
+        "--ema-decay",
+        type=float,
+        help="keep a moving average of the weights with this decay per step (e.g. 0.999) and validate and save it "
+        "(0: off)",
+    )
     return p
 
 
@@ -134,6 +140,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
             "init_from": args.init_from,
             "low_level_weight": args.low_level_weight,
             "over_weight": args.over_weight,
+            "ema_decay": args.ema_decay,
         },
         "data": {
             "recipe": args.recipe,

@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from models.registry import get_config
 from recipes import run_folder
 from recipes.bcd import BCD, BCDConfig
 from recipes.datasets import DataConfig, RecipeData, ValPair, build, collate, describe_skipped
+from recipes.ema import WeightEMA
 from recipes.metrics import si_sdr
 
 
@@ -72,6 +74,9 @@ class TrainConfig:
     # asymmetric MSE: errors where the prediction is above the clean target (noise left in) count
     # (1 + over_weight) times; 0 is the paper's symmetric loss. Validation stays symmetric. Experimental.
     over_weight: float = 0.0
+    # exponential moving average of the weights (recipes.ema.WeightEMA; 0: off): validation, best.safetensors and
+    # last.safetensors then hold the averaged weights; state.pt keeps both, so --resume stays exact.
+    ema_decay: float = 0.0
 
     def __post_init__(self) -> None:
         at_least_one = {
@@ -97,6 +102,8 @@ class TrainConfig:
             raise ValueError("low_level_weight must be >= 0 and low_level_floor > 0")
         if self.over_weight < 0:
             raise ValueError("over_weight must be >= 0")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"ema_decay must be in [0, 1) (0: off), got {self.ema_decay}")
 
 
 @dataclass(frozen=True)
@@ -271,6 +278,8 @@ class Trainer:
         if cfg.train.init_from and not (self.run_dir / "state.pt").is_file():
             init = load_checkpoint(cfg.train.init_from)
             load_state_strict(self.model, init.model.state_dict(), cfg.train.init_from)
+        # the average starts from the starting weights (init_from's, or the seeded initialisation)
+        self.ema = WeightEMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay > 0 else None
         # per-rank dropout masks (the weights are rank 0's, broadcast by DDP)
         torch.manual_seed(cfg.train.seed + 1_000_003 * self.dist.rank)
         self._resumed_data: str | None = None  # a resumed run's data, as its state.pt describes it
@@ -311,6 +320,8 @@ class Trainer:
             self.model.load_state_dict(saved["model"])
             self.opt.load_state_dict(saved["optimizer"])
             self.sched.load_state_dict(saved["scheduler"])
+            if self.ema is not None:
+                self.ema.load_state_dict(saved["ema"])
             self.pos = Position(**saved["position"])
             if self.pos.epoch > self.cfg.train.epochs:
                 raise ValueError(
@@ -362,6 +373,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
             "position": self.pos.__dict__.copy(),
             "data": self.data.description,  # --resume checks that the folders still hold the same files
             "rng": {
@@ -379,6 +391,7 @@ class Trainer:
             "epochs_planned": self.cfg.train.epochs,
             "global_step": self.pos.global_step,
             "seed": self.cfg.train.seed,
+            **({"weights": f"moving average, decay {self.ema.decay:g}"} if self.ema is not None else {}),
             **val,
         }
 
@@ -470,6 +483,8 @@ class Trainer:
             if cfg.grad_clip:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             self.opt.step()
+            if self.ema is not None:
+                self.ema.update(self.model)
             pos.compute_seconds += time.perf_counter() - t0
             pos.loss_sum += self.dist.mean(float(loss.item()), self.device)
             pos.loss_count += 1
@@ -498,7 +513,29 @@ class Trainer:
 
     def _end_epoch(self) -> dict[str, Any]:
         pos = self.pos
-        val = validate(self.model, self.data.val, self.device) if self.dist.is_main else {"val_loss": 0.0}
+        with self._shipped_weights() as model:  # the average, when the run keeps one
+            row = self._validate_and_save(model)
+        pos.epoch += 1
+        pos.step = 0
+        pos.loss_sum, pos.loss_count, pos.audio_seconds, pos.compute_seconds = 0.0, 0, 0.0, 0.0
+        self._save_state()
+        self.dist.barrier()
+        return row
+
+    @contextmanager
+    def _shipped_weights(self) -> Iterator[Enhancer]:
+        """The model with the weights a checkpoint ships: the moving average if the run keeps one, else its own."""
+        if self.ema is None:
+            yield self.model
+        else:
+            with self.ema.applied(self.model) as model:
+                assert isinstance(model, Enhancer)
+                yield model
+
+    def _validate_and_save(self, model: Enhancer) -> dict[str, Any]:
+        """Validation of ``model``, the scheduler step, its best/last checkpoints and the CSV row of the epoch."""
+        pos = self.pos
+        val = validate(model, self.data.val, self.device) if self.dist.is_main else {"val_loss": 0.0}
         val_loss = self.dist.broadcast_float(val["val_loss"], self.device)
         self.sched.step(val_loss)
         row = {
@@ -516,19 +553,14 @@ class Trainer:
         if self.dist.is_main:
             meta = self._training_meta({k: float(v) for k, v in val.items()})
             if improved:
-                save_checkpoint(self.run_dir / "best.safetensors", self.model, self.cfg.train.model, meta)
-            save_checkpoint(self.run_dir / "last.safetensors", self.model, self.cfg.train.model, meta)
+                save_checkpoint(self.run_dir / "best.safetensors", model, self.cfg.train.model, meta)
+            save_checkpoint(self.run_dir / "last.safetensors", model, self.cfg.train.model, meta)
             run_folder.append_csv(self.run_dir / "metrics.csv", row)
             print(
                 f"[train] epoch {row['epoch']}: train {row['train_loss']:.4f} val {val_loss:.4f} "
                 f"si-sdr {row['val_si_sdr']:.2f} dB lr {row['lr']:.2e}" + (" (best)" if improved else ""),
                 flush=True,
             )
-        pos.epoch += 1
-        pos.step = 0
-        pos.loss_sum, pos.loss_count, pos.audio_seconds, pos.compute_seconds = 0.0, 0, 0.0, 0.0
-        self._save_state()
-        self.dist.barrier()
         return row
 
 

@@ -68,7 +68,9 @@ def test_model_card_names_a_warm_start_and_speech_pauses_only_when_used(tmp_path
     rows = [{"epoch": "1", "train_loss": "0.1", "val_loss": "0.2", "val_si_sdr": "3.0", "lr": "0.0002"}]
     plain = RunConfig(TrainConfig(model="tiny"), DataConfig(speech=("s",), noise=("n",)))
     warm = RunConfig(
-        dataclasses.replace(plain.train, init_from="runs/x/best.safetensors", over_weight=1.5),
+        dataclasses.replace(
+            plain.train, init_from="runs/x/best.safetensors", over_weight=1.5, ema_decay=0.998
+        ),
         dataclasses.replace(
             plain.data,
             mixing=MixingConfig(
@@ -97,12 +99,20 @@ def test_model_card_names_a_warm_start_and_speech_pauses_only_when_used(tmp_path
     assert "Started from the weights of `runs/x/best.safetensors`" in cards["warm"]
     assert "a speech pause of 0.3-1.5 s in 50% of the segments" in cards["warm"]
     assert "weighted 2.5x (`--over-weight 1.5`)" in cards["warm"]
+    assert "a moving average of the weights (decay 0.998 per step, `--ema-decay`)" in cards["warm"]
     assert (
         "augmentation: a random EQ (±9 dB) of the noise in 70%, a second noise at -10 to 0 dB relative to the first"
         " in 40% of the segments" in cards["warm"]
     )
     assert "no readable run folder beside it at export time" in cards["warm"]
-    for word in ("Started from", "speech pause", "over-weight", "Starting weights", "augmentation"):
+    for word in (
+        "Started from",
+        "speech pause",
+        "over-weight",
+        "Starting weights",
+        "augmentation",
+        "moving average",
+    ):
         assert word not in cards["plain"]
     # the fine-tune's own SNR range, then the starting run's, with its curve and best epoch
     own, start = cards["chained"].split("## Starting weights")
