@@ -148,7 +148,8 @@ def _init(train: dict[str, Any]) -> str:
 
 def _loss(train: dict[str, Any]) -> str:
     """The card's words for the training loss: the paper's log1p-magnitude MSE, and the optional extra terms
-    (recipes.trainer.TrainConfig.over_weight and low_level_weight) when a run used them."""
+    (recipes.trainer.TrainConfig.over_weight and low_level_weight) when a run used them; then whether the
+    checkpoints hold a moving average of the weights (ema_decay)."""
     words = " Loss: MSE on log1p magnitude"
     over = float(train.get("over_weight", 0.0))
     if over > 0:
@@ -162,8 +163,9 @@ def _loss(train: dict[str, Any]) -> str:
     ema = float(train.get("ema_decay", 0.0))
     if ema > 0:
         words += (
-            f". The checkpoints hold a moving average of the weights (decay {ema:g} per step, `--ema-decay`),"
-            " which is also what was validated"
+            f". The checkpoints hold a moving average of the weights (decay {ema:g} per step, `--ema-decay`"
+            + ("" if train.get("init_from") else ", warming up as (1 + n) / (10 + n) from the random start")
+            + "), which is also what was validated"
         )
     return words + "."
 

@@ -96,8 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--ema-decay",
         type=float,
-        help="keep a moving average of the weights with this decay per step (e.g. 0.999) and validate and save it "
-        "(0: off)",
+        help="keep a moving average of the weights with this decay per step (e.g. 0.998), validate it and save it as "
+        "best/last (0: off). From random weights the decay warms up as (1 + n) / (10 + n); with --init-from it "
+        "applies from the first step",
     )
     return p
 

@@ -2,8 +2,10 @@
 
 Exact resume: the data order of epoch e is a seeded permutation and every example depends only on
 ``(seed, epoch, index)``; ``state.pt`` (saved every ``save_every_steps`` and at each epoch end) holds the model,
-optimizer, scheduler, RNG states and the position ``(epoch, step)``, so ``--resume`` runs the same next batch with
-the same optimizer state as the killed run would have.
+optimizer, scheduler, RNG states, the weight average if the run keeps one (``ema_decay``) and the position
+``(epoch, step)``, so ``--resume`` runs the same next batch with the same optimizer state as the killed run would
+have. With a weight average, validation (and so the lr schedule and the choice of ``best.safetensors``) and both
+checkpoints use the average; the raw weights live in ``state.pt`` only.
 
 Distributed: under ``torchrun`` (``WORLD_SIZE > 1``) each of the W processes takes every W-th example of each
 global batch (so the global batch stays ``batch_size``), gradients are averaged by DDP, rank 0 validates and writes.
@@ -278,8 +280,13 @@ class Trainer:
         if cfg.train.init_from and not (self.run_dir / "state.pt").is_file():
             init = load_checkpoint(cfg.train.init_from)
             load_state_strict(self.model, init.model.state_dict(), cfg.train.init_from)
-        # the average starts from the starting weights (init_from's, or the seeded initialisation)
-        self.ema = WeightEMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay > 0 else None
+        # the average starts from the starting weights: init_from's (trained, so no warm-up), or the seeded random
+        # ones (a warm-up, so they fade fast). Only rank 0 validates and saves, so only it keeps one.
+        self.ema = (
+            WeightEMA(self.model, cfg.train.ema_decay, warmup=not cfg.train.init_from)
+            if cfg.train.ema_decay > 0 and self.dist.is_main
+            else None
+        )
         # per-rank dropout masks (the weights are rank 0's, broadcast by DDP)
         torch.manual_seed(cfg.train.seed + 1_000_003 * self.dist.rank)
         self._resumed_data: str | None = None  # a resumed run's data, as its state.pt describes it
@@ -289,7 +296,8 @@ class Trainer:
             raise ValueError(
                 f"--resume: the data changed since the run started (then: {self._resumed_data}; now: "
                 f"{self.data.description}), so it cannot continue exactly; start a new run with --init-from "
-                f"{self.run_dir / 'last.safetensors'} to go on training these weights on the new data"
+                f"{self.run_dir / 'last.safetensors'} to go on training these weights (their average, if the run "
+                "keeps one) on the new data"
             )
         self.net: torch.nn.Module = (
             DistributedDataParallel(
@@ -391,9 +399,14 @@ class Trainer:
             "epochs_planned": self.cfg.train.epochs,
             "global_step": self.pos.global_step,
             "seed": self.cfg.train.seed,
-            **({"weights": f"moving average, decay {self.ema.decay:g}"} if self.ema is not None else {}),
+            **({"weights": self._averaged_words()} if self.ema is not None else {}),
             **val,
         }
+
+    def _averaged_words(self) -> str:
+        assert self.ema is not None
+        words = f"moving average, decay {self.ema.decay:g}, {self.ema.updates} updates"
+        return words + (f", warm-up (decay now {self.ema.current_decay():.5f})" if self.ema.warmup else "")
 
     # ----------------------------------------------------------------- loop
     def fit(self) -> dict[str, Any]:

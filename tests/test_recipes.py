@@ -123,7 +123,7 @@ def check_run_folder(run: Path, epochs: int, recipe: str, model: str = "tiny") -
     assert state["position"]["epoch"] == epochs and state["position"]["step"] == 0
     assert state["config"] == config
     # last.safetensors holds the weights of state.pt (their moving average when the run keeps one)
-    shipped = state["model"] if state.get("ema") is None else state["ema"]["shadow"]
+    shipped = state["model"] if state.get("ema") is None else state["ema"]["average"]
     for k, v in last.model.state_dict().items():
         assert torch.equal(v, shipped[k].to(v.dtype)), f"last.safetensors and state.pt differ at {k}"
     return rows
@@ -413,11 +413,15 @@ def test_killed_run_resumes_exactly(resume_runs: ResumeRuns) -> None:
     assert all(torch.equal(state_a["model"][k], state_b["model"][k]) for k in state_a["model"])
     ema_a, ema_b = state_a["ema"], state_b["ema"]
     assert ema_a["updates"] == ema_b["updates"] == state_a["position"]["global_step"] > 0
-    assert all(torch.equal(ema_a["shadow"][k], ema_b["shadow"][k]) for k in ema_a["shadow"])
-    assert all(torch.equal(a[k], ema_a["shadow"][k].to(a[k].dtype)) for k in a)
+    assert all(torch.equal(ema_a["average"][k], ema_b["average"][k]) for k in ema_a["average"])
+    assert all(torch.equal(a[k], ema_a["average"][k].to(a[k].dtype)) for k in a)
     assert any(not torch.equal(a[k], state_a["model"][k]) for k in a)
     meta = load_checkpoint(resume_runs.a / "last.safetensors").training
-    assert meta["weights"] == "moving average, decay 0.9"
+    n = ema_a["updates"]  # a run from random weights: the decay warms up
+    assert (
+        meta["weights"]
+        == f"moving average, decay 0.9, {n} updates, warm-up (decay now {min(0.9, (1 + n) / (10 + n)):.5f})"
+    )
 
 
 def snapshot(run: Path) -> dict[str, bytes]:
@@ -697,44 +701,60 @@ def test_low_level_loss_term_adds_the_log_magnitude_error() -> None:
         TrainConfig(low_level_weight=-0.1)
 
 
-def test_weight_average_follows_the_formula_and_restores_the_raw_weights() -> None:
-    """WeightEMA: shadow = d * shadow + (1 - d) * weight with d = min(decay, (1 + n) / (10 + n)); ``applied``
-    lends the model the average and gives its own weights back; the state round-trips."""
+@pytest.mark.parametrize("warmup", [True, False])
+def test_weight_average_follows_the_formula_and_restores_the_raw_weights(warmup: bool) -> None:
+    """WeightEMA: average = d * average + (1 - d) * weight, with d = min(decay, (1 + n) / (10 + n)) under the
+    warm-up and d = decay without; ``applied`` lends the model the average and gives its own weights back (also
+    when the block raises); a saved state loads into the average without changing its dtype."""
     from recipes.ema import WeightEMA
     from recipes.trainer import TrainConfig
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
-    ema = WeightEMA(model, 0.95)
+    ema = WeightEMA(model, 0.95, warmup=warmup)
     expect = {k: v.double() for k, v in model.state_dict().items() if v.is_floating_point()}
-    for n in range(30):  # within the warm-up, whose (1 + n) / (10 + n) passes 0.95 at n = 172 (checked below)
+    for n in range(30):  # the warm-up's (1 + n) / (10 + n) stays below 0.95 until n = 170
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn_like(p))
             model(torch.randn(4, 3))  # training mode: BatchNorm's running stats and its integer count move
-        d = min(0.95, (1 + n) / (10 + n))
+        d = (1 + n) / (10 + n) if warmup else 0.95
         assert ema.current_decay() == pytest.approx(d)
         ema.update(model)
         for k in expect:
             expect[k] = d * expect[k] + (1 - d) * model.state_dict()[k].double()
-    ema.updates = 500
-    assert ema.current_decay() == 0.95
-    ema.updates = 30
-    assert int(model.state_dict()["1.num_batches_tracked"]) == 30
+    assert int(model.state_dict()["1.num_batches_tracked"]) == ema.updates == 30
     for k in expect:
-        assert torch.allclose(ema.shadow[k], expect[k], atol=1e-12), k
-    assert torch.equal(ema.shadow["1.num_batches_tracked"], model.state_dict()["1.num_batches_tracked"])
+        assert torch.allclose(ema.average[k], expect[k], atol=1e-12), k
+    assert torch.equal(ema.average["1.num_batches_tracked"], model.state_dict()["1.num_batches_tracked"])
     raw = {k: v.clone() for k, v in model.state_dict().items()}
     with ema.applied(model) as m:
         assert torch.allclose(m.state_dict()["0.weight"].double(), expect["0.weight"], atol=1e-6)
         assert not torch.equal(m.state_dict()["0.weight"], raw["0.weight"])
     assert all(torch.equal(model.state_dict()[k], raw[k]) for k in raw)
-    other = WeightEMA(model, 0.5)
-    other.load_state_dict(ema.state_dict())
-    assert other.decay == 0.95 and other.updates == 30
-    assert all(torch.equal(other.shadow[k], ema.shadow[k]) for k in ema.shadow)
+    with pytest.raises(RuntimeError, match="inside"), ema.applied(model):
+        raise RuntimeError("inside")
+    assert all(torch.equal(model.state_dict()[k], raw[k]) for k in raw)
+
+    other = WeightEMA(model, 0.5, warmup=not warmup)
+    state = ema.state_dict()
+    saved = {
+        **state,
+        "average": {k: v.float() if v.is_floating_point() else v for k, v in state["average"].items()},
+    }
+    other.load_state_dict(saved)  # as if state.pt had held float32 tensors: the average stays float64
+    assert (other.decay, other.warmup, other.updates) == (0.95, warmup, 30)
+    assert other.average["0.weight"].dtype == torch.float64
+    assert all(
+        torch.equal(other.average[k], saved["average"][k].to(other.average[k].dtype))
+        for k in saved["average"]
+    )
     with pytest.raises(ValueError, match="does not match"):
-        WeightEMA(torch.nn.Linear(3, 2), 0.9).load_state_dict(ema.state_dict())
+        WeightEMA(torch.nn.Linear(3, 2), 0.9, warmup=True).load_state_dict(ema.state_dict())
+    with pytest.raises(ValueError, match="does not match"):  # same keys, other shapes
+        WeightEMA(
+            torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2)), 0.9, True
+        ).load_state_dict(ema.state_dict())
     with pytest.raises(ValueError, match="ema_decay"):
         TrainConfig(ema_decay=1.0)
     args = build_parser().parse_args(["--recipe", "folders", "--out", "x", "--ema-decay", "0.999"])
