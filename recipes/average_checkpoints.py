@@ -16,8 +16,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from models.config_io import to_dict
 from models.enhancer import EnhancerConfig
@@ -73,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if Path(args.out).resolve() in {Path(c).resolve() for c in args.checkpoints}:
             raise ValueError(f"--out {args.out} is one of the inputs; write the average elsewhere")
-        with torch.no_grad():
-            average(args.checkpoints, args.weights, args.out)
+        average(args.checkpoints, args.weights, args.out)
     except (ValueError, CheckpointError) as exc:
         print(f"tim-average-checkpoints: error: {exc}", file=sys.stderr)
         return 2

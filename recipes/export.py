@@ -148,8 +148,7 @@ def _init(train: dict[str, Any]) -> str:
 
 def _loss(train: dict[str, Any]) -> str:
     """The card's words for the training loss: the paper's log1p-magnitude MSE, and the optional extra terms
-    (recipes.trainer.TrainConfig.over_weight and low_level_weight) when a run used them; then whether the
-    checkpoints hold a moving average of the weights (ema_decay)."""
+    (recipes.trainer.TrainConfig.over_weight and low_level_weight) when a run used them."""
     words = " Loss: MSE on log1p magnitude"
     over = float(train.get("over_weight", 0.0))
     if over > 0:
@@ -160,14 +159,19 @@ def _loss(train: dict[str, Any]) -> str:
     low = float(train.get("low_level_weight", 0.0))
     if low > 0:
         words += f", plus {low:g} x a log(|X| + {float(train['low_level_floor']):g}) MSE term"
-    ema = float(train.get("ema_decay", 0.0))
-    if ema > 0:
-        words += (
-            f". The checkpoints hold a moving average of the weights (decay {ema:g} per step, `--ema-decay`"
-            + ("" if train.get("init_from") else ", warming up as (1 + n) / (10 + n) from the random start")
-            + "), which is also what was validated"
-        )
     return words + "."
+
+
+def _averaged(train: dict[str, Any]) -> str:
+    """The card's words for a moving average of the weights (TrainConfig.ema_decay), if the run kept one."""
+    ema = float(train.get("ema_decay", 0.0))
+    if ema <= 0:
+        return ""
+    warmup = "" if train.get("init_from") else ", warming up as (1 + n) / (10 + n) from the random start"
+    return (
+        f" The checkpoints hold a moving average of the weights (decay {ema:g} per step, `--ema-decay`{warmup}),"
+        " which is also what was validated."
+    )
 
 
 def _curve(rows: list[dict[str, str]]) -> str:
@@ -213,7 +217,7 @@ def _training(
     return (
         f"Adam lr {train['lr']}, batch {train['batch_size']}, lr x{train['lr_factor']} after {train['lr_patience']}"
         f" epochs without validation improvement, seed {train['seed']}, SNR U{mixing['snr_db']} dB"
-        f"{_where(folder)}.{_loss(train)}{_init(train)} **{len(rows)} epochs done of {train['epochs']} planned**"
+        f"{_where(folder)}.{_loss(train)}{_averaged(train)}{_init(train)} **{len(rows)} epochs done of {train['epochs']} planned**"
         f" (one epoch = {epoch} over the speech files in {mixing['segment_seconds']:g}-s segments); {which}."
     )
 
