@@ -148,7 +148,7 @@ def _init(train: dict[str, Any]) -> str:
 
 def _loss(train: dict[str, Any]) -> str:
     """The card's words for the training loss: the paper's log1p-magnitude MSE, and the optional extra terms
-    (recipes.trainer.TrainConfig.over_weight and low_level_weight) when a run used them."""
+    (recipes.trainer.TrainConfig.over_weight, low_level_weight and pmsqe_weight) when a run used them."""
     words = " Loss: MSE on log1p magnitude"
     over = float(train.get("over_weight", 0.0))
     if over > 0:
@@ -159,6 +159,9 @@ def _loss(train: dict[str, Any]) -> str:
     low = float(train.get("low_level_weight", 0.0))
     if low > 0:
         words += f", plus {low:g} x a log(|X| + {float(train['low_level_floor']):g}) MSE term"
+    pmsqe = float(train.get("pmsqe_weight", 0.0))
+    if pmsqe > 0:
+        words += f", plus {pmsqe:g} x PMSQE, a differentiable stand-in for PESQ (`--pmsqe-weight {pmsqe:g}`)"
     return words + "."
 
 

@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         "4x (0: the paper's symmetric MSE; experimental)",
     )
     g.add_argument(
+        "--pmsqe-weight",
+        type=float,
+        help="add this weight times PMSQE, a differentiable per-frame stand-in for PESQ's disturbances, of the "
+        "predicted against the clean magnitude (0: off; experimental)",
+    )
+    g.add_argument(
         "--ema-decay",
         type=float,
         help="keep a moving average of the weights with this decay per step (e.g. 0.998), validate it and save it as "
@@ -141,6 +147,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
             "init_from": args.init_from,
             "low_level_weight": args.low_level_weight,
             "over_weight": args.over_weight,
+            "pmsqe_weight": args.pmsqe_weight,
             "ema_decay": args.ema_decay,
         },
         "data": {

@@ -69,7 +69,11 @@ def test_model_card_names_a_warm_start_and_speech_pauses_only_when_used(tmp_path
     plain = RunConfig(TrainConfig(model="tiny"), DataConfig(speech=("s",), noise=("n",)))
     warm = RunConfig(
         dataclasses.replace(
-            plain.train, init_from="runs/x/best.safetensors", over_weight=1.5, ema_decay=0.998
+            plain.train,
+            init_from="runs/x/best.safetensors",
+            over_weight=1.5,
+            ema_decay=0.998,
+            pmsqe_weight=0.03,
         ),
         dataclasses.replace(
             plain.data,
@@ -100,6 +104,7 @@ def test_model_card_names_a_warm_start_and_speech_pauses_only_when_used(tmp_path
     assert "a speech pause of 0.3-1.5 s in 50% of the segments" in cards["warm"]
     assert "weighted 2.5x (`--over-weight 1.5`)" in cards["warm"]
     assert "a moving average of the weights (decay 0.998 per step, `--ema-decay`)" in cards["warm"]
+    assert "plus 0.03 x PMSQE, a differentiable stand-in for PESQ (`--pmsqe-weight 0.03`)" in cards["warm"]
     assert (
         "augmentation: a random EQ (±9 dB) of the noise in 70%, a second noise at -10 to 0 dB relative to the first"
         " in 40% of the segments" in cards["warm"]
@@ -112,6 +117,7 @@ def test_model_card_names_a_warm_start_and_speech_pauses_only_when_used(tmp_path
         "Starting weights",
         "augmentation",
         "moving average",
+        "PMSQE",
     ):
         assert word not in cards["plain"]
     # the fine-tune's own SNR range, then the starting run's, with its curve and best epoch
