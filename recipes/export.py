@@ -161,7 +161,10 @@ def _loss(train: dict[str, Any]) -> str:
         words += f", plus {low:g} x a log(|X| + {float(train['low_level_floor']):g}) MSE term"
     pmsqe = float(train.get("pmsqe_weight", 0.0))
     if pmsqe > 0:
-        words += f", plus {pmsqe:g} x PMSQE, a differentiable stand-in for PESQ (`--pmsqe-weight {pmsqe:g}`)"
+        words += f", plus {pmsqe:g} x PMSQE, a differentiable stand-in for PESQ (`--pmsqe-weight {pmsqe:g}`"
+        words += (
+            ", its bands equalised as PESQ does, `--pmsqe-as-pesq`)" if train.get("pmsqe_as_pesq") else ")"
+        )
     return words + "."
 
 

@@ -100,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
         "predicted against the clean magnitude (0: off; experimental)",
     )
     g.add_argument(
+        "--pmsqe-as-pesq",
+        action="store_true",
+        default=None,
+        help="equalise the PMSQE term's bands as PESQ does (frame averages, the reference scaled) instead of as the "
+        "published PMSQE (frame sums, the degraded scaled)",
+    )
+    g.add_argument(
         "--ema-decay",
         type=float,
         help="keep a moving average of the weights with this decay per step (e.g. 0.998), validate it and save it as "
@@ -148,6 +155,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
             "low_level_weight": args.low_level_weight,
             "over_weight": args.over_weight,
             "pmsqe_weight": args.pmsqe_weight,
+            "pmsqe_as_pesq": args.pmsqe_as_pesq,
             "ema_decay": args.ema_decay,
         },
         "data": {

@@ -82,6 +82,8 @@ class TrainConfig:
     # per frame) of the predicted against the clean magnitude, added to the loss (0: off). Aims the training at
     # what PESQ measures, where the log1p MSE and PESQ part ways. Validation stays the log1p MSE. Experimental.
     pmsqe_weight: float = 0.0
+    # that term's per-band equalisation as PESQ does it (PMSQE(as_pesq=True)) instead of as the published PMSQE
+    pmsqe_as_pesq: bool = False
     # exponential moving average of the weights (recipes.ema.WeightEMA; 0: off): validation, best.safetensors and
     # last.safetensors then hold the averaged weights; state.pt keeps both, so --resume stays exact.
     ema_decay: float = 0.0
@@ -221,6 +223,7 @@ def loss_fn(
     low_level_floor: float = 0.01,
     over_weight: float = 0.0,
     pmsqe_weight: float = 0.0,
+    pmsqe_as_pesq: bool = False,
 ) -> torch.Tensor:
     """MSE between predicted and clean log1p magnitudes (the paper's objective), asymmetric when ``over_weight``
     is set, plus the optional low-level and PMSQE terms of :class:`TrainConfig` (``low_level_weight``,
@@ -244,14 +247,15 @@ def loss_fn(
         loss = loss + low_level_weight * low
     if pmsqe_weight > 0:
         power = torch.expm1(pred.clamp(min=0.0)) ** 2  # the magnitude the engine rebuilds from
-        loss = loss + pmsqe_weight * _pmsqe(pred.device)(power, torch.expm1(y) ** 2).mean()
+        term = _pmsqe(pred.device, pmsqe_as_pesq)(power, torch.expm1(y) ** 2)
+        loss = loss + pmsqe_weight * term.mean()
     return loss
 
 
 @functools.lru_cache(maxsize=4)
-def _pmsqe(device: torch.device) -> PMSQE:
-    """One PMSQE module (its band tables) per device, built on first use."""
-    return PMSQE().to(device)
+def _pmsqe(device: torch.device, as_pesq: bool = False) -> PMSQE:
+    """One PMSQE module (its band tables) per device and variant, built on first use."""
+    return PMSQE(as_pesq=as_pesq).to(device)
 
 
 @torch.no_grad()
@@ -515,6 +519,7 @@ class Trainer:
                 t.low_level_floor,
                 t.over_weight,
                 t.pmsqe_weight,
+                t.pmsqe_as_pesq,
             )
             self.opt.zero_grad(set_to_none=True)
             loss.backward()

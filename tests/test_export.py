@@ -104,7 +104,7 @@ def test_model_card_names_a_warm_start_and_speech_pauses_only_when_used(tmp_path
     assert "a speech pause of 0.3-1.5 s in 50% of the segments" in cards["warm"]
     assert "weighted 2.5x (`--over-weight 1.5`)" in cards["warm"]
     assert "a moving average of the weights (decay 0.998 per step, `--ema-decay`)" in cards["warm"]
-    assert "plus 0.03 x PMSQE, a differentiable stand-in for PESQ (`--pmsqe-weight 0.03`)" in cards["warm"]
+    assert "plus 0.03 x PMSQE, a differentiable stand-in for PESQ (`--pmsqe-weight 0.03`)." in cards["warm"]
     assert (
         "augmentation: a random EQ (±9 dB) of the noise in 70%, a second noise at -10 to 0 dB relative to the first"
         " in 40% of the segments" in cards["warm"]
