@@ -303,6 +303,7 @@ def model_card(
     rows: list[dict[str, str]],
     note: str = "",
     init_run: Path | None = None,
+    weights: str = "best.safetensors",
 ) -> str:
     cfg = json.loads((run / "config.json").read_text())
     cfg_m = ck.model.cfg
@@ -316,7 +317,7 @@ def model_card(
   {"none" if cfg_m.max_attenuation_db is None else f"{cfg_m.max_attenuation_db:g} dB"} (`enhance-cli --max-attenuation-db`
   overrides it).
 {_data_lines(data, evaluation["pairs_root"])}
-- **Training**: {_training(train, data, rows, "best.safetensors", run)}{" " + note if note else ""}
+- **Training**: {_training(train, data, rows, weights, run)}{" " + note if note else ""}
 
 ## Measured on the {evaluation["n_evaluated"]} pairs of `{evaluation["pairs_root"]}`
 
@@ -357,6 +358,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a sentence added to the card's training line (e.g. how the data was carried)",
     )
     ap.add_argument(
+        "--weights",
+        default="best.safetensors",
+        help="the run's checkpoint file to ship (default %(default)s, the lowest validation loss; e.g. an epoch's "
+        "copy when the loss trained on is not the one validated); the card names it",
+    )
+    ap.add_argument(
         "--init-run",
         type=Path,
         help="the run folder whose best.safetensors the run's init_from file was exported from (a bundled model "
@@ -366,11 +373,13 @@ def main(argv: list[str] | None = None) -> int:
     run = Path(args.run)
     # everything the card and the files need is checked before anything is written: the bundled model, its card
     # and the golden numbers change together or not at all
-    for needed in ("best.safetensors", "config.json", "metrics.csv"):
+    if Path(args.weights).name != args.weights:
+        ap.error(f"--weights: a file name inside the run folder, got {args.weights!r}")
+    for needed in (args.weights, "config.json", "metrics.csv"):
         if not (run / needed).is_file():
             ap.error(f"--run: {run / needed} is missing (a run folder of recipes.train)")
     try:
-        ck = load_checkpoint(run / "best.safetensors")
+        ck = load_checkpoint(run / args.weights)
         pairs = discover_pairs(args.pairs).pairs
     except (CheckpointError, OSError, ValueError) as exc:
         ap.error(str(exc))
@@ -409,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     training = {**ck.training, "evaluation": {"pairs": args.pairs, "summary": evaluation["summary"]}}
     training = json.loads(json.dumps(training, default=float).replace("NaN", "null"))
     command = "python -m recipes.export " + shlex.join(argv if argv is not None else sys.argv[1:])
-    card = model_card(args.name, ck, run, evaluation, command, rows, args.note, args.init_run) + sweep
+    card = model_card(args.name, ck, run, evaluation, command, rows, args.note, args.init_run, args.weights)
+    card += sweep
     target = PRETRAINED_DIR / f"{args.name}.safetensors"
     staged = target.with_name(f".{target.stem}.staged.safetensors")
     try:

@@ -211,7 +211,9 @@ def test_export_writes_nothing_until_everything_it_needs_is_there(
     """The command on a real (tiny) run folder, into a stand-in for models/pretrained: a run folder missing a
     file, or a bad option, is a usage error with nothing written. (It once replaced the bundled weights, then
     crashed on the missing config.json, leaving the card and the golden numbers stale.)"""
+    from models.checkpoint import load_checkpoint, save_checkpoint
     from recipes import export
+    from recipes.export import same_weights
     from recipes.train import main as train_main
 
     tree = build_folders(tmp_path / "data")
@@ -225,6 +227,8 @@ def test_export_writes_nothing_until_everything_it_needs_is_there(
     for extra, message in (
         (["--attenuation-sweep", "none,20dB"], "--attenuation-sweep: expected dB values or none"),
         (["--pairs", str(tmp_path / "nowhere")], "nowhere"),
+        (["--weights", "ep3.safetensors"], "ep3.safetensors is missing"),
+        (["--weights", "../best.safetensors"], "--weights: a file name inside the run folder"),
     ):
         with pytest.raises(SystemExit) as exit_:
             export.main([*common, *extra])
@@ -243,3 +247,16 @@ def test_export_writes_nothing_until_everything_it_needs_is_there(
     # trained on other data than the shared corpus: the card does not claim the corpus or its licences
     assert "shared development corpus" not in card and "LibriSpeech" not in card
     assert f"`{tree.speech}` speech" in card and "The licences are those of that data" in card
+    assert "these weights are from epoch 1 (lowest validation loss" in card
+    # another checkpoint of the run (other weights), named as such on the card, and its tensors are what ships
+    other = load_checkpoint(run / "best.safetensors")
+    with torch.no_grad():
+        for p in other.model.parameters():
+            p.add_(0.01)
+    save_checkpoint(run / "ep9.safetensors", other.model, other.name, other.training)
+    assert export.main([*common, "--weights", "ep9.safetensors"]) == 0
+    card = (bundled / "scratch.md").read_text()
+    assert "these weights are its file `ep9.safetensors`, not necessarily its best epoch" in card
+    shipped = bundled / "scratch.safetensors"
+    assert same_weights(run / "ep9.safetensors", shipped)
+    assert not same_weights(run / "best.safetensors", shipped)
