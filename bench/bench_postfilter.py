@@ -59,7 +59,7 @@ import bench_quality  # bench/ is not a package: on sys.path above
 
 from enhance.audio_io import load_mono_16k
 from enhance.errors import EnhanceError
-from enhance.stft import STFTConfig, istft, log_magnitude, stft
+from enhance.stft import STFTConfig, istft, linear_magnitude, log_magnitude, stft
 from recipes.evaluate import summarize, write_csv, write_text
 from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics
 from recipes.pairs import discover_pairs
@@ -238,7 +238,7 @@ def filtered_outputs(
     cfg = model.cfg.stft
     spec = stft(torch.from_numpy(noisy)[None], cfg)
     x = spec.abs()[0]
-    p = torch.expm1(model(log_magnitude(spec)).log_mag.clamp(min=0.0))[0]
+    p = linear_magnitude(model(log_magnitude(spec)).log_mag)[0]
     c = None if clean is None else stft(torch.from_numpy(clean)[None], cfg).abs()[0]
     # + 0.0: the engine's phase of silence (enhance.stft.apply_magnitude)
     phase = torch.polar(torch.ones_like(x), (spec + 0.0).angle()[0])

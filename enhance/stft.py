@@ -117,13 +117,18 @@ def apply_magnitude(log_mag: torch.Tensor, noisy_spec: torch.Tensor) -> torch.Te
     has phase 0. (``+ 0.0`` turns the -0.0 real parts that ``torch.stft`` gives some bins of a zero frame into
     +0.0, whose angle is 0 rather than pi: the phase of silence is then defined, not the FFT's sign of zero, and
     the C signal path (enhance/native_step.c) gives the same samples.)"""
-    mag = torch.expm1(log_mag.clamp(min=0.0))
+    mag = linear_magnitude(log_mag)
     return mag * torch.polar(torch.ones_like(mag), (noisy_spec + 0.0).angle())
 
 
 def log_magnitude(spec: torch.Tensor) -> torch.Tensor:
     """Model features and target: ``log1p(|X|)`` (no per-utterance normalisation: it would break streaming)."""
     return torch.log1p(spec.abs())
+
+
+def linear_magnitude(log_mag: torch.Tensor) -> torch.Tensor:
+    """The magnitude a ``log1p`` magnitude stands for, as the waveform is rebuilt from it (negative values: 0)."""
+    return torch.expm1(log_mag.clamp(min=0.0))
 
 
 def rebuild(log_mag: torch.Tensor, noisy_spec: torch.Tensor, cfg: STFTConfig, length: int) -> torch.Tensor:

@@ -149,9 +149,9 @@ class PMSQE(torch.nn.Module):
         keep = (bark > factor * self.threshold) & (self.width > 0)
         return torch.where(keep, bark, torch.zeros_like(bark)).sum(-1)
 
-    def _equalise(self, ref: torch.Tensor, deg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per band (over the frames where the reference is clearly audible: 1e7 above 100x threshold), then per
-        frame (audible power); returns the equalised (reference, degraded)."""
+    def _equalise_bands(self, ref: torch.Tensor, deg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per band, over the frames where the reference is clearly audible (1e7 above 100x threshold); returns
+        the equalised (reference, degraded)."""
         speech = (self._audible(ref, 100.0) >= 1e7)[..., None]
         loud = (ref >= 100.0 * self.threshold) & speech
         zero = torch.zeros_like(ref)
@@ -161,8 +161,7 @@ class PMSQE(torch.nn.Module):
             ref = ref * ((deg_band + 1000.0) / (ref_band + 1000.0)).clamp(0.01, 100.0)[:, None, :]
         else:  # the published PMSQE: frame sums, and the degraded is scaled towards the reference
             deg = deg * ((ref_band + 1000.0) / (deg_band + 1000.0)).clamp(0.01, 100.0)[:, None, :]
-        gain = (self._audible(ref) + 5e3) / (self._audible(deg) + 5e3)
-        return ref, deg * gain.clamp(3e-4, 5.0)[..., None]
+        return ref, deg
 
     def _loudness(self, bark: torch.Tensor) -> torch.Tensor:
         t, p = self.threshold, self.zwicker
@@ -176,12 +175,17 @@ class PMSQE(torch.nn.Module):
                 f"PMSQE needs two [batch, frames, {N_FFT // 2 + 1}] power spectra of one shape, got "
                 f"{tuple(degraded_power.shape)} and {tuple(reference_power.shape)}"
             )
-        ref, deg = self._equalise(self._bark_spectra(reference_power), self._bark_spectra(degraded_power))
+        ref, deg = self._equalise_bands(
+            self._bark_spectra(reference_power), self._bark_spectra(degraded_power)
+        )
+        audible_ref = self._audible(ref)
+        gain = (audible_ref + 5e3) / (self._audible(deg) + 5e3)  # per frame, the audible power
+        deg = deg * gain.clamp(3e-4, 5.0)[..., None]
         l_ref, l_deg = self._loudness(ref), self._loudness(deg)
         sym = ((l_deg - l_ref).abs() - 0.25 * torch.minimum(l_ref, l_deg)).clamp(min=_EPS)
         ratio = ((deg + 50.0) / (ref + 50.0)) ** 1.2
         asym = sym * torch.where(ratio < 3.0, torch.zeros_like(ratio), ratio.clamp(max=12.0))
-        weight = ((self._audible(ref) + 1e5) / 1e7) ** 0.04
+        weight = ((audible_ref + 1e5) / 1e7) ** 0.04
         d_sym = torch.sqrt(((sym * self.width) ** 2).sum(-1) + _EPS) * self.sqrt_total_width
         d_asym = (asym * self.width).sum(-1)
         d_sym = (d_sym / weight).clamp(max=45.0)

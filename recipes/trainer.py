@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from enhance.stft import log_magnitude, rebuild, stft
+from enhance.stft import linear_magnitude, log_magnitude, rebuild, stft
 from models.checkpoint import load_checkpoint, load_state_strict, save_checkpoint
 from models.config_io import from_dict, to_dict
 from models.enhancer import Enhancer
@@ -241,15 +241,18 @@ def loss_fn(
     else:
         loss = F.mse_loss(pred, y)
     if low_level_weight > 0:
-        mag = torch.expm1(pred.clamp(min=0.0))  # the magnitude the engine rebuilds from
-        target = torch.expm1(y)
+        mag, target = linear_magnitude(pred), linear_magnitude(y)
         low = F.mse_loss(torch.log(mag + low_level_floor), torch.log(target + low_level_floor))
         loss = loss + low_level_weight * low
     if pmsqe_weight > 0:
-        power = torch.expm1(pred.clamp(min=0.0)) ** 2  # the magnitude the engine rebuilds from
-        term = _pmsqe(pred.device, pmsqe_as_pesq)(power, torch.expm1(y) ** 2)
-        loss = loss + pmsqe_weight * term.mean()
+        loss = loss + pmsqe_weight * pmsqe_of(pred, y, pmsqe_as_pesq).mean()
     return loss
+
+
+def pmsqe_of(pred: torch.Tensor, target: torch.Tensor, as_pesq: bool = False) -> torch.Tensor:
+    """[batch] PMSQE of predicted against clean ``log1p`` magnitudes, on the magnitudes the waveform is rebuilt
+    from."""
+    return _pmsqe(pred.device, as_pesq)(linear_magnitude(pred) ** 2, linear_magnitude(target) ** 2)
 
 
 @functools.lru_cache(maxsize=4)
@@ -272,7 +275,7 @@ def validate(model: Enhancer, pairs: list[ValPair], device: torch.device) -> dic
         pred = model(log_magnitude(spec)).log_mag
         target = log_magnitude(stft(clean, model.cfg.stft))
         losses.append(F.mse_loss(pred, target).item())
-        pmsqes.append(_pmsqe(device)(torch.expm1(pred.clamp(min=0.0)) ** 2, torch.expm1(target) ** 2).item())
+        pmsqes.append(pmsqe_of(pred, target).item())
         est = rebuild(pred, spec, model.cfg.stft, noisy.shape[-1])
         sdrs.append(si_sdr(p.clean, est[0].cpu().numpy()))
     model.train(was_training)
