@@ -34,6 +34,7 @@ from recipes.evaluate import DNSMOS_KEYS, evaluate, markdown_table
 from recipes.metrics import DNSMOS, pesq_wb, si_sdr, stoi
 from recipes.pairs import discover_pairs
 from recipes.run_folder import read_csv
+from recipes.trainer import SELECT_BY
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_NOISY, EXAMPLE_CLEAN = ROOT / "examples" / "noisy.wav", ROOT / "examples" / "clean.wav"
@@ -210,12 +211,14 @@ def _training(
     """One run's training line (the run in ``folder``): optimiser, loss, SNR range, epochs, where it ran and, when
     ``weights`` is the run's ``best.safetensors``, the epoch they are from (another file of the run is only
     named)."""
-    best = min(rows, key=lambda r: float(r["val_loss"]))
+    column = SELECT_BY[train.get("select_by", "loss")]
+    what = "validation loss" if column == "val_loss" else "validation PMSQE"
+    best = min(rows, key=lambda r: float(r[column]))
     which = (
-        f"these weights are from epoch {best['epoch']} (lowest validation loss, {float(best['val_loss']):.4f})"
+        f"these weights are from epoch {best['epoch']} (lowest {what}, {float(best[column]):.4f})"
         if weights == "best.safetensors"
-        else f"these weights are its file `{weights}`, not necessarily its best epoch (lowest validation loss:"
-        f" epoch {best['epoch']}, {float(best['val_loss']):.4f})"
+        else f"these weights are its file `{weights}`, not necessarily its best epoch (lowest {what}:"
+        f" epoch {best['epoch']}, {float(best[column]):.4f})"
     )
     mixing = data["mixing"]
     passes = int(mixing.get("repeats", 1))

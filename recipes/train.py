@@ -107,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         "published PMSQE (frame sums, the degraded scaled)",
     )
     g.add_argument(
+        "--select-by",
+        choices=("loss", "pmsqe"),
+        help="the validation figure that picks best.safetensors and drives the lr schedule: loss (the log1p MSE, "
+        "the default) or pmsqe (PESQ-like; for runs with --pmsqe-weight)",
+    )
+    g.add_argument(
         "--ema-decay",
         type=float,
         help="keep a moving average of the weights with this decay per step (e.g. 0.998), validate it and save it as "
@@ -157,6 +163,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
             "pmsqe_weight": args.pmsqe_weight,
             "pmsqe_as_pesq": args.pmsqe_as_pesq,
             "ema_decay": args.ema_decay,
+            "select_by": args.select_by,
         },
         "data": {
             "recipe": args.recipe,

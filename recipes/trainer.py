@@ -42,6 +42,9 @@ from recipes.ema import WeightEMA
 from recipes.metrics import si_sdr
 from recipes.pmsqe import PMSQE
 
+# TrainConfig.select_by: the validation column each choice reads
+SELECT_BY = {"loss": "val_loss", "pmsqe": "val_pmsqe"}
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -87,6 +90,10 @@ class TrainConfig:
     # exponential moving average of the weights (recipes.ema.WeightEMA; 0: off): validation, best.safetensors and
     # last.safetensors then hold the averaged weights; state.pt keeps both, so --resume stays exact.
     ema_decay: float = 0.0
+    # the validation figure that picks best.safetensors and drives the plateau schedule: "loss" (the paper's log1p
+    # MSE, val_loss) or "pmsqe" (val_pmsqe, PESQ-like; for runs with a PMSQE term, whose log1p loss rises while
+    # PESQ improves). Lower is better for both.
+    select_by: str = "loss"
 
     def __post_init__(self) -> None:
         at_least_one = {
@@ -116,6 +123,8 @@ class TrainConfig:
             raise ValueError("pmsqe_weight must be >= 0")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1) (0: off), got {self.ema_decay}")
+        if self.select_by not in SELECT_BY:
+            raise ValueError(f"select_by must be one of {', '.join(SELECT_BY)}, got {self.select_by!r}")
 
 
 @dataclass(frozen=True)
@@ -583,22 +592,23 @@ class Trainer:
     def _validate_and_save(self, model: Enhancer) -> dict[str, Any]:
         """Validation of ``model``, the scheduler step, its best/last checkpoints and the CSV row of the epoch."""
         pos = self.pos
-        val = validate(model, self.data.val, self.device) if self.dist.is_main else {"val_loss": 0.0}
-        val_loss = self.dist.broadcast_float(val["val_loss"], self.device)
-        self.sched.step(val_loss)
+        key = SELECT_BY[self.cfg.train.select_by]
+        val = validate(model, self.data.val, self.device) if self.dist.is_main else {key: 0.0}
+        score = self.dist.broadcast_float(val[key], self.device)
+        self.sched.step(score)
         row = {
             "epoch": pos.epoch + 1,
             "global_step": pos.global_step,
             "train_loss": pos.loss_sum / max(pos.loss_count, 1),
-            "val_loss": val_loss,
+            "val_loss": score if key == "val_loss" else val.get("val_loss", math.nan),
             "val_si_sdr": val.get("val_si_sdr", math.nan),
             "val_pmsqe": val.get("val_pmsqe", math.nan),
             "lr": self.opt.param_groups[0]["lr"],
             "audio_s_per_s": pos.audio_seconds / max(pos.compute_seconds, 1e-9),
         }
-        improved = val_loss < pos.best_val
+        improved = score < pos.best_val
         if improved:
-            pos.best_val, pos.best_epoch = val_loss, pos.epoch + 1
+            pos.best_val, pos.best_epoch = score, pos.epoch + 1
         if self.dist.is_main:
             meta = self._training_meta({k: float(v) for k, v in val.items()})
             if improved:
@@ -606,7 +616,7 @@ class Trainer:
             save_checkpoint(self.run_dir / "last.safetensors", model, self.cfg.train.model, meta)
             run_folder.append_csv(self.run_dir / "metrics.csv", row)
             print(
-                f"[train] epoch {row['epoch']}: train {row['train_loss']:.4f} val {val_loss:.4f} "
+                f"[train] epoch {row['epoch']}: train {row['train_loss']:.4f} val {row['val_loss']:.4f} "
                 f"si-sdr {row['val_si_sdr']:.2f} dB pmsqe {row['val_pmsqe']:.3f} lr {row['lr']:.2e}"
                 + (" (best)" if improved else ""),
                 flush=True,

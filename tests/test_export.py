@@ -101,6 +101,14 @@ def test_model_card_names_a_warm_start_and_speech_pauses_only_when_used(tmp_path
         (tmp_path / name / "config.json").write_text(json.dumps(to_dict(cfg)))
         cards[name] = model_card("m", ck, tmp_path / name, evaluation, "cmd", rows)
     assert "Started from the weights of `runs/x/best.safetensors`" in cards["warm"]
+    assert "these weights are from epoch 1 (lowest validation loss, 0.2000)" in cards["plain"]
+    # a run that picks its best epoch by val_pmsqe (--select-by pmsqe) says so
+    (tmp_path / "by-pmsqe").mkdir()
+    by_pmsqe = RunConfig(dataclasses.replace(plain.train, select_by="pmsqe"), plain.data)
+    (tmp_path / "by-pmsqe" / "config.json").write_text(json.dumps(to_dict(by_pmsqe)))
+    two = [rows[0] | {"val_pmsqe": "1.6"}, rows[0] | {"epoch": "2", "val_loss": "0.3", "val_pmsqe": "1.4"}]
+    card = model_card("m", ck, tmp_path / "by-pmsqe", evaluation, "cmd", two)
+    assert "these weights are from epoch 2 (lowest validation PMSQE, 1.4000)" in card
     assert "a speech pause of 0.3-1.5 s in 50% of the segments" in cards["warm"]
     assert "weighted 2.5x (`--over-weight 1.5`)" in cards["warm"]
     assert "a moving average of the weights (decay 0.998 per step, `--ema-decay`)" in cards["warm"]

@@ -334,6 +334,38 @@ def test_folders_recipe_validates_on_the_dev_pairs(folders: FolderTree, tmp_path
     assert val["val_si_sdr"] == pytest.approx(float(rows[-1]["val_si_sdr"]), abs=1e-3)
 
 
+def test_select_by_pmsqe_picks_the_best_epoch_and_drives_the_schedule(
+    folders: FolderTree, tmp_path: Path
+) -> None:
+    """``--select-by pmsqe``: best.safetensors is the epoch of lowest val_pmsqe, the plateau schedule follows that
+    column (patience 0: the lr halves after every epoch that did not lower it), and the state records its
+    minimum, not val_loss's."""
+    run = tmp_path / "run"
+    args = folders_args(folders, "--epochs", "4", "--max-steps-per-epoch", "2", "--lr", "3e-3")
+    args += ["--pmsqe-weight", "0.1", "--select-by", "pmsqe", "--out", str(run)]
+    cfg = resolve(build_parser().parse_args(args))
+    assert cfg.train.select_by == "pmsqe"
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lr_patience=0))
+    with in_process():
+        Trainer(cfg, run).fit()
+    rows = metrics(run)
+    scores = [float(r["val_pmsqe"]) for r in rows]
+    best_epoch = int(np.argmin(scores)) + 1
+    assert load_checkpoint(run / "best.safetensors").training["epochs_done"] == best_epoch
+    state = run_folder.load_state(run / "state.pt")["position"]
+    assert state["best_val"] == pytest.approx(min(scores), rel=1e-9)
+    assert state["best_val"] != pytest.approx(min(float(r["val_loss"]) for r in rows), rel=1e-3)
+    lr, best = 3e-3, math.inf
+    for r, score in zip(rows, scores, strict=True):
+        if score < best:
+            best = score
+        else:
+            lr *= 0.5
+        assert float(r["lr"]) == pytest.approx(lr, rel=1e-9)
+    with pytest.raises(ValueError, match="select_by"):
+        dataclasses.replace(cfg.train, select_by="pesq")
+
+
 # --------------------------------------------------------------------------------------------------- resume
 
 
