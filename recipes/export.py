@@ -262,9 +262,15 @@ def same_weights(a: str | Path, b: str | Path) -> bool:
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+# where recipes/gpu_bundle.sh (its default DEST) puts the Opus copies of the shared corpus that a GPU run trains on
+GPU_BUNDLE_DATA = ".gpu/data/"
+
+
 def _shared_corpus(data: dict[str, Any]) -> bool:
-    """Whether a run trained on the shared development corpus (../shared/data), whose sources the card names."""
-    return data.get("recipe") == "folders" and any("shared/data" in str(p) for p in data.get("speech") or [])
+    """Whether a run trained on the shared development corpus (../shared/data, or the Opus copy of it that
+    recipes/gpu_bundle.sh carries to a GPU machine), whose sources the card names."""
+    speech = [str(p) for p in data.get("speech") or []]
+    return data.get("recipe") == "folders" and any("shared/data" in p or GPU_BUNDLE_DATA in p for p in speech)
 
 
 def _data_lines(data: dict[str, Any], pairs_root: str) -> str:
@@ -276,7 +282,13 @@ def _data_lines(data: dict[str, Any], pairs_root: str) -> str:
         f"{mixing['segment_seconds']} s segments{_pauses(mixing)}{_augment(mixing)}"
     )
     if _shared_corpus(data):
-        return f"""- **Training data**: the shared development corpus (`{", ".join(data.get("speech") or [])}` speech +
+        copy = (
+            ", as the Opus copy of its speech/train and noise/train that `recipes/gpu_bundle.sh` carries to a GPU "
+            "machine, so the clean targets were slightly coded"
+            if any(GPU_BUNDLE_DATA in str(p) for p in data.get("speech") or [])
+            else ""
+        )
+        return f"""- **Training data**: the shared development corpus{copy} (`{", ".join(data.get("speech") or [])}` speech +
   `{", ".join(data.get("noise") or [])}` noise, {mixed}). Speech:
   LibriSpeech (CC BY 4.0), LJSpeech (public domain), Tux Paint descriptions (GPL-2). Noise: freesound-events (no licence
   stated; internal R&D use), Hu nonspeech (research corpus), Speech Commands background (CC BY 4.0), SoundBible

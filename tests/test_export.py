@@ -101,6 +101,17 @@ def test_model_card_names_a_warm_start_and_speech_pauses_only_when_used(tmp_path
         (tmp_path / name / "config.json").write_text(json.dumps(to_dict(cfg)))
         cards[name] = model_card("m", ck, tmp_path / name, evaluation, "cmd", rows)
     assert "Started from the weights of `runs/x/best.safetensors`" in cards["warm"]
+    # the shared corpus is named with its licences, also as the Opus copy a GPU run trains on, and says so
+    shared = dataclasses.replace(plain.data, speech=("../shared/data/speech/train",))
+    gpu = dataclasses.replace(plain.data, speech=(".gpu/data/speech",), noise=(".gpu/data/noise",))
+    for name, data in (("shared", shared), ("gpu", gpu)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(to_dict(RunConfig(plain.train, data))))
+        cards[name] = model_card("m", ck, tmp_path / name, evaluation, "cmd", rows)
+        assert "treat these weights as internal R&D material" in cards[name]
+    assert "Opus copy" not in cards["shared"]
+    assert "the shared development corpus, as the Opus copy of its speech/train" in cards["gpu"]
+    assert "internal R&D" not in cards["plain"] and "check them before distributing" in cards["plain"]
     assert "these weights are from epoch 1 (lowest validation loss, 0.2000)" in cards["plain"]
     # a run that picks its best epoch by val_pmsqe (--select-by pmsqe) says so
     (tmp_path / "by-pmsqe").mkdir()
