@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -29,6 +28,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from machine import cpu_summary  # noqa: E402  (bench/machine.py)
 
 from bench.bench_streaming import test_signal  # noqa: E402
 from enhance.backends import streaming_backend  # noqa: E402
@@ -112,7 +113,7 @@ def main() -> int:
         rows.append(f"| {chunk} | {1000 * chunk / 16000:g} | " + " | ".join(cells) + " |")
     text = (
         f"Streaming engine by chunk size, one CPU thread, {args.seconds:g} s of audio, "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}. "
+        f"{cpu_summary()}, {time.strftime('%Y-%m-%d')}. "
         f"Command: `python bench/bench_chunk_sizes.py "
         f"{'--checkpoint ' + args.checkpoint if args.checkpoint else '--model ' + args.model} "
         f"--seconds {args.seconds:g} --rounds {args.rounds}`. Load average before the run: {load_before:.2f}. "

@@ -37,7 +37,6 @@ os.environ["OMP_NUM_THREADS"] = "1"  # one thread, set before numpy, torch and o
 import argparse
 import functools
 import math
-import platform
 import shlex
 import sys
 import time
@@ -53,6 +52,7 @@ import numpy as np
 import torch
 from bench_chunk_sizes import fastest_alternating, rtf
 from bench_streaming import test_signal
+from machine import cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
 
 from enhance.audio_io import load_mono_16k
 from enhance.native_backend import NativeStepper
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     lines = [
         f"{args.backend} against {base} (float32) streaming step, {time.strftime('%Y-%m-%d %H:%M')}, "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, one thread; model "
+        f"{cpu_summary()}, one thread; model "
         f"{args.checkpoint or repr(args.model)}. Load average before the run: {load_before:.2f}.",
         "",
         f"Command: `{cmd.strip()}`",

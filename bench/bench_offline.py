@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
+from machine import cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,8 +133,8 @@ def run(args: argparse.Namespace) -> int:
                 break
     model = args.checkpoint or args.model
     header = (
-        f"Offline enhancement, model `{model}`, device {args.device}, {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}. Command: `python bench/bench_offline.py "
+        f"Offline enhancement, model `{model}`, device {args.device}, {cpu_summary()}, "
+        f"{time.strftime('%Y-%m-%d')}. Command: `python bench/bench_offline.py "
         f"{'--checkpoint ' + args.checkpoint if args.checkpoint else '--model ' + args.model} --minutes {args.minutes:g}`\n\n"
         "Targets: real-time factor <= 0.03 (60-s file, 1 thread); peak memory <= 1 GB (60-min file).\n"
     )

@@ -61,6 +61,7 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import numpy as np
 import peers
 import torch
+from machine import cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
 from tqdm import tqdm
 
 from enhance.audio_io import atomic_path, load_mono_16k
@@ -392,10 +393,9 @@ def plot(path: Path, rows: list[dict[str, Any]], ours: set[str]) -> str | None:
 def header_text(
     argv: Sequence[str], layout: str, root: Path, n_pairs: int, dnsmos: bool, calibration: str
 ) -> str:
-    cpu = platform.processor() or platform.machine()
     return (
-        f"Quality benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {platform.platform()}, {cpu}, "
-        f"{os.cpu_count()} CPUs, one thread per system; Python {platform.python_version()}, torch "
+        f"Quality benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {platform.platform()}, {cpu_summary()}, "
+        f"one thread per system; Python {platform.python_version()}, torch "
         f"{torch.__version__}.\n\n"
         f"Test set: {n_pairs} pairs, {layout} layout, under `{root}`. DNSMOS: {'on' if dnsmos else 'off'}. "
         f"Delays measured on {calibration}.\n\n"

@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import datetime
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from machine import cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         if what.startswith("weights only, float32 (")
     }
     lines = [
-        f"Step floor, one CPU thread, {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Step floor, one CPU thread, {cpu_summary()}, "
         f"{datetime.date.today().isoformat()}. Command: `python bench/bench_step_floor.py"
         f"{' --compile' if args.compile else ''}`",
         "",

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -35,6 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from machine import cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
 
 ROOT = Path(__file__).resolve().parents[1]
 # our systems: the streaming backend each runs (enhance.backends) and the hops fed per call
@@ -202,8 +202,8 @@ def main() -> int:
             f"| {r['p99_ms']:.2f} | {r['latency_ms']:.0f} | {r['peak_rss_mib']:.0f} |"
         )
     header = (
-        f"Streaming, one CPU thread, {args.seconds:g} s of audio, {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}. Command: `python bench/bench_streaming.py "
+        f"Streaming, one CPU thread, {args.seconds:g} s of audio, {cpu_summary()}, "
+        f"{time.strftime('%Y-%m-%d')}. Command: `python bench/bench_streaming.py "
         f"{'--checkpoint ' + args.checkpoint if args.checkpoint else '--model ' + args.model} "
         f"--seconds {args.seconds:g} --rounds {args.rounds}`\n\n"
         "Targets for tim-enhance: real-time factor <= 0.10 (PyTorch), <= 0.05 (onnxruntime), per-hop p99 <= 8 ms.\n"
