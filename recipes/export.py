@@ -266,11 +266,16 @@ def same_weights(a: str | Path, b: str | Path) -> bool:
 GPU_BUNDLE_DATA = ".gpu/data/"
 
 
+def _gpu_copy(data: dict[str, Any]) -> bool:
+    """Whether a run trained on the Opus copy of the shared corpus that recipes/gpu_bundle.sh makes."""
+    return any(GPU_BUNDLE_DATA in str(p) for p in data.get("speech") or [])
+
+
 def _shared_corpus(data: dict[str, Any]) -> bool:
-    """Whether a run trained on the shared development corpus (../shared/data, or the Opus copy of it that
-    recipes/gpu_bundle.sh carries to a GPU machine), whose sources the card names."""
+    """Whether a run trained on the shared development corpus (../shared/data, or its GPU copy), whose sources the
+    card names."""
     speech = [str(p) for p in data.get("speech") or []]
-    return data.get("recipe") == "folders" and any("shared/data" in p or GPU_BUNDLE_DATA in p for p in speech)
+    return data.get("recipe") == "folders" and (any("shared/data" in p for p in speech) or _gpu_copy(data))
 
 
 def _data_lines(data: dict[str, Any], pairs_root: str) -> str:
@@ -285,7 +290,7 @@ def _data_lines(data: dict[str, Any], pairs_root: str) -> str:
         copy = (
             ", as the Opus copy of its speech/train and noise/train that `recipes/gpu_bundle.sh` carries to a GPU "
             "machine, so the clean targets were slightly coded"
-            if any(GPU_BUNDLE_DATA in str(p) for p in data.get("speech") or [])
+            if _gpu_copy(data)
             else ""
         )
         return f"""- **Training data**: the shared development corpus{copy} (`{", ".join(data.get("speech") or [])}` speech +

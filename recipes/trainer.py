@@ -594,13 +594,15 @@ class Trainer:
         pos = self.pos
         key = SELECT_BY[self.cfg.train.select_by]
         val = validate(model, self.data.val, self.device) if self.dist.is_main else {key: 0.0}
-        score = self.dist.broadcast_float(val[key], self.device)
+        val[key] = score = self.dist.broadcast_float(
+            val[key], self.device
+        )  # every rank steps the schedule alike
         self.sched.step(score)
         row = {
             "epoch": pos.epoch + 1,
             "global_step": pos.global_step,
             "train_loss": pos.loss_sum / max(pos.loss_count, 1),
-            "val_loss": score if key == "val_loss" else val.get("val_loss", math.nan),
+            "val_loss": val.get("val_loss", math.nan),
             "val_si_sdr": val.get("val_si_sdr", math.nan),
             "val_pmsqe": val.get("val_pmsqe", math.nan),
             "lr": self.opt.param_groups[0]["lr"],
