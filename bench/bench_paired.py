@@ -1,7 +1,8 @@
 """Is system B really better than system A on the same test files? Paired differences with bootstrap intervals.
 
     python bench/bench_paired.py --base OLD/per_file.csv:tim-default --new bench/results/quality/per_file.csv:tim-default \
-        [--metrics pesq,stoi,si_sdr,dnsmos_sig,dnsmos_bak,dnsmos_ovrl] [--resamples 5000] [--seed 0] [--out DIR]
+        [--metrics pesq,stoi,si_sdr,dnsmos_sig,dnsmos_bak,dnsmos_ovrl] [--resamples 5000] [--seed 0] [--out DIR] \
+        [--skip-first N]
 
 Each side is a per-file score table (``per_file.csv`` of ``bench/bench_quality.py`` or of ``recipes.evaluate``,
 keyed by ``name`` and ``system``) and the system to take from it. Files are matched by name; both sides must
@@ -9,7 +10,8 @@ score the same files (anything else is an error, since a comparison over differe
 metric, over the files where both values are finite: both means, the mean paired difference (new − base), its
 95 % percentile-bootstrap interval (files resampled with replacement, seeded) and the share of files where the new
 system scores higher. Writes ``summary.md`` / ``summary.csv`` to ``--out`` (atomically) and prints the Markdown.
-No audio is processed.
+No audio is processed. ``--skip-first N`` leaves out the first N files by name on both sides: a held-out check
+when those files chose something (a checkpoint, a weight), as ``recipes.evaluate --limit N`` takes the same ones.
 """
 
 from __future__ import annotations
@@ -127,20 +129,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resamples", type=int, default=5000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, help="folder for summary.md / summary.csv")
+    ap.add_argument(
+        "--skip-first",
+        type=int,
+        default=0,
+        help="leave out the first N files by name (e.g. those a choice used)",
+    )
     args = ap.parse_args(argv)
     if args.resamples < 1:
         ap.error("--resamples must be at least 1")
+    if args.skip_first < 0:
+        ap.error("--skip-first must be >= 0")
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
     try:
         base_label, base = read_side(args.base)
         new_label, new = read_side(args.new)
+        skipped = sorted(base.keys() | new.keys())[: args.skip_first]
+        base, new = ({n: r for n, r in side.items() if n not in skipped} for side in (base, new))
+        if not base and not new:
+            raise ValueError(f"--skip-first {args.skip_first} leaves no files")
         rows = paired(base, new, metrics, args.resamples, args.seed)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     command = "python bench/bench_paired.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     text = (
-        f"Paired comparison: base `{base_label}`, new `{new_label}`; {len(base)} files matched by name; "
+        f"Paired comparison: base `{base_label}`, new `{new_label}`; {len(base)} files matched by name"
+        + (f" (the first {len(skipped)} by name left out)" if skipped else "")
+        + "; "
         f"percentile bootstrap over files, {args.resamples} resamples, seed {args.seed}.\n\n"
         f"Command: `{command}`\n\n" + markdown(rows)
     )

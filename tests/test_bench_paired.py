@@ -109,3 +109,22 @@ def test_system_names_with_colons(tmp_path: Path) -> None:
         "--base", f"{table}:noisy", "--new", f"{table}:webrtc:1", "--metrics", "pesq", "--out", tmp_path / "o"
     )
     assert r.returncode == 0, r.stderr
+
+
+def test_skip_first_leaves_out_the_first_files_by_name(tmp_path: Path) -> None:
+    """--skip-first N pairs only the files after the first N by name: here the first 5 have a gain of 1, the rest
+    none, so the held-out difference is exactly 0."""
+    names = [f"{i:04d}" for i in range(12)]
+    base = _table(tmp_path / "a.csv", [(n, "tim", 2.0, 0.8) for n in names])
+    new = _table(tmp_path / "b.csv", [(n, "tim", 3.0 if i < 5 else 2.0, 0.8) for i, n in enumerate(names)])
+    out = tmp_path / "out"
+    r = _run(
+        "--base", f"{base}:tim", "--new", f"{new}:tim", "--metrics", "pesq", "--skip-first", "5", "--out", out
+    )
+    assert r.returncode == 0, r.stderr
+    with open(out / "summary.csv", newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    assert int(row["n"]) == 7 and float(row["diff"]) == 0.0
+    assert "7 files matched by name (the first 5 by name left out)" in (out / "summary.md").read_text()
+    bad = _run("--base", f"{base}:tim", "--new", f"{new}:tim", "--skip-first", "12")
+    assert bad.returncode == 2 and "leaves no files" in bad.stderr
