@@ -1,7 +1,7 @@
 """The streaming step and engine of two checkouts of this repository, timed alternately in one process.
 
     git worktree add /tmp/base <revision>          # the code to compare against
-    python bench/bench_revisions.py --base /tmp/base [--backends torchscript,onnxruntime,onnxruntime-int8]
+    python bench/bench_revisions.py --base /tmp/base [--backends torchscript,onnxruntime,native-int8,...]
         [--rounds 30] [--seconds 4] [--out bench/results/revisions.md]
 
 A change to the model's code that is meant to make streaming faster (fewer operations in the traced or exported
@@ -9,7 +9,8 @@ step, say) moves the time per hop by a few per cent, while single runs on a shar
 cent. So this builds each backend from both checkouts (each checkout's own ``models`` and ``enhance`` code and its
 bundled default model, imported apart), then in every round times each (backend, checkout) in turn:
 
-* the step alone, one new frame per call (the backend's ``run`` on a full ring; ms per call);
+* the step alone, one new frame per call (the backend's ``run`` on a full ring, or the C step's ``step``; ms per
+  call);
 * the whole streaming engine fed 16 ms and 32 ms chunks of a test signal (real-time factor).
 
 Rows give each checkout's fastest round and the median over rounds of the per-round ratio current / base (the
@@ -27,7 +28,6 @@ os.environ["OMP_NUM_THREADS"] = "1"  # one thread, set before numpy, torch and o
 
 import argparse
 import datetime
-import platform
 import shlex
 import statistics
 import subprocess
@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))  # bench/ (not a package)
 
 from bench_streaming import test_signal  # noqa: E402  (imports no repository module)
+from machine import cpu_summary  # noqa: E402  (imports no repository module)
 
 PACKAGES = ("models", "enhance", "recipes")
 MEASURES = ("step, 1 frame (ms per call)", "engine, 16-ms chunks (RTF)", "engine, 32-ms chunks (RTF)")
@@ -87,18 +88,28 @@ def load_sides(root: Path, backends: list[str], signal: np.ndarray) -> dict[str,
             whole = np.concatenate([engine.process(signal), engine.flush()], axis=1)
             hops = [engine.process(signal[:, i : i + 256]) for i in range(0, signal.shape[1], 256)]
             output = np.stack([whole, np.concatenate([*hops, engine.flush()], axis=1)])
-            context = model.cfg.context_frames
-            feed = {
-                "feat": torch.zeros(1, 1, model.cfg.pre_encoder.n_bins),
-                "mask": torch.zeros(1, context + 1),
-                **backend.new_state(1).channels[0],
-            }
-            sides[name] = Side(lambda backend=backend, feed=feed: backend.run(feed), engine, output)
+            sides[name] = Side(one_frame_step(backend, model), engine, output)
         return sides
     finally:
         sys.path.remove(str(root))
         for key in [k for k in sys.modules if k.split(".")[0] in PACKAGES]:
             del sys.modules[key]
+
+
+def one_frame_step(backend: Any, model: Any) -> Callable[[], object]:
+    """One new frame per call on a full ring: the fixed-shape steps' ``run`` on a zero feed, or the C step's
+    ``step`` on a state that has seen the context's worth of noise features (its ring full, its position moving)."""
+    n_bins, context = model.cfg.pre_encoder.n_bins, model.cfg.context_frames
+    if hasattr(backend, "run"):
+        feed = {
+            "feat": torch.zeros(1, 1, n_bins),
+            "mask": torch.zeros(1, context + 1),
+            **backend.new_state(1).channels[0],
+        }
+        return lambda: backend.run(feed)
+    feats = torch.rand(1, context + 2, n_bins, generator=torch.Generator().manual_seed(0)) * 3
+    _, state = backend.step(feats[:, :-1], None)
+    return lambda: backend.step(feats[:, -1:], state)
 
 
 def step_ms(step: Callable[[], object], calls: int) -> float:
@@ -143,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                     times.setdefault((name, measure, key), []).append(value)
 
     lines = [
-        f"Two checkouts timed alternately, one CPU thread, {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Two checkouts timed alternately, one CPU thread, {cpu_summary()}, "
         f"{datetime.date.today().isoformat()}. Base {revision(roots['base'])}, current "
         f"{revision(roots['current'])}. Command: `python bench/bench_revisions.py "
         f"{shlex.join(argv if argv is not None else sys.argv[1:])}`",

@@ -2,13 +2,14 @@
  *
  * The same computation as models/static_step.py (pre-encoder convs with their caches, standard and TIM blocks
  * with per-block key/value rings, the output stage with the attenuation floor) with no per-operation overhead:
- * every matrix product streams its weights once per call for up to MAX_BATCH frames (float32 on AVX-512: tiles
- * of outputs held in registers over weights repacked tile by tile; otherwise four rows at a time, "axpy" form,
- * y += x[i] * W[i, :], which compilers vectorise without reassociating sums), while the attention goes frame by
- * frame through the rings; everything else is a few thousand flops per frame. A frame's arithmetic is
- * the same whether it comes alone or with others, so the output does not depend on the chunking (bit for bit;
- * tests/test_native.py). enhance/native_backend.py compiles this file, lays out the weights and the state in the
- * order read below, and checks the result against PyTorch (tests/test_native.py).
+ * every matrix product streams its weights once per call for up to MAX_BATCH frames (float32 on AVX-512 or
+ * AVX2: tiles of outputs held in registers over weights repacked tile by tile; the reduced modes, and float32
+ * without AVX2: four rows at a time, "axpy" form, y += x[i] * W[i, :], which vectorises without reassociating
+ * sums; x86 builds take AVX-512, AVX2 + FMA + F16C or plain C by what -march=native finds), while the
+ * attention goes frame by frame through the rings; everything else is a few thousand flops per frame. A frame's
+ * arithmetic is the same whether it comes alone or with others, so the output does not depend on the chunking
+ * (bit for bit; tests/test_native.py). enhance/native_backend.py compiles this file, lays out the weights and the
+ * state in the order read below, and checks the result against PyTorch (tests/test_native.py).
  *
  * Weights (float32, one array, in this order; the float16 and int8 modes convert the matrices once at start; W is [n_in][n_out], i.e. PyTorch's Linear weight transposed):
  *   conv i (i < n_conv):  W [k][C_in][C_out] (frame-major windows), bias, LayerNorm gain, LayerNorm bias
@@ -47,7 +48,7 @@ typedef _Float16 half_t;
 
 typedef struct {
     const float *w, *b;
-    const float *p;   /* float32 mode on AVX-512: the weights repacked in output tiles (gemv), or NULL */
+    const float *p;   /* float32 mode on AVX-512 / AVX2: the weights repacked in output tiles (gemv), or NULL */
     const half_t *h;  /* the weights in float16 (float16 mode), or NULL */
     const int8_t *q;  /* the weights in int8 (int8 mode), or NULL; W[i][o] = q[i][o] * scale[o] per group */
     const float *scale; /* [groups][n_out] */
@@ -82,44 +83,83 @@ typedef struct {
     int *rev;                /* bit reversal of 0 .. n_fft - 1 */
     int precision;  /* the weight matrices: 0 float32, 1 float16, 2 int8 (biases and norms stay float32) */
     void *reduced;  /* float16 or int8 mode: the matrices (and int8's scales), converted once; float32 mode on
-                     * AVX-512: the matrices repacked for gemv */
+                     * AVX-512 / AVX2: the matrices repacked for gemv */
     int half_rings; /* float16 and int8 modes: the key/value rings in float16 */
 } Model;
 
+/* The vector width the kernels below are written in: VW floats per register (AVX-512 or AVX2 with FMA; plain C
+ * otherwise, where the compiler vectorises what it can) */
+#if defined(__AVX512F__)
+#define VW 16
+#define VEC __m512
+#define SET1 _mm512_set1_ps
+#define LOADU _mm512_loadu_ps
+#define STOREU _mm512_storeu_ps
+#define FMA _mm512_fmadd_ps
+#elif defined(__AVX2__) && defined(__FMA__)
+#define VW 8
+#define VEC __m256
+#define SET1 _mm256_set1_ps
+#define LOADU _mm256_loadu_ps
+#define STOREU _mm256_storeu_ps
+#define FMA _mm256_fmadd_ps
+#endif
+#if defined(VW)
+#define PACKED_F32 /* gemv's float32 weights are repacked in tiles (pack_weights) */
+#endif
+
 #if defined(__AVX512F__)
 /* The float32 product on AVX-512: register-blocked, so that frames batched in one call do not load and store
- * their outputs once per four weight rows. A tile of up to OTILE outputs (nv registers of 16, the last masked)
- * for one or two frames stays in registers while ITILE weight rows (32 KiB, in L1 while every frame pair uses
- * them) stream through. The weights are repacked once (pack_weights) so that a tile's rows lie one after the
- * other ([tile][n_in][ow]): the reads are sequential, which the hardware prefetches (row-major W made them
+ * their outputs once per four weight rows. A tile of up to OTILE outputs (nv registers of VW floats, the last
+ * masked) for one or two frames stays in registers while ITILE weight rows (32 KiB, in L1 while every frame pair
+ * uses them) stream through. The weights are repacked once (pack_weights) so that a tile's rows lie one after
+ * the other ([tile][n_in][ow]): the reads are sequential, which the hardware prefetches (row-major W made them
  * 512-byte pieces n_out floats apart, and the step waited on them). Each output is b + x[0] w[0] + x[1] w[1]
  * + ... as one fused multiply-add chain in row order, whatever the tiling, the pairing of frames or nf: a
  * frame's result does not depend on the chunking. */
 #define OTILE 128
 #define ITILE 64
+typedef __mmask16 lanes_t;
+#define ALL_LANES ((__mmask16)0xFFFF)
+#define TAIL_LANES(ow) ((__mmask16)((ow) % 16 ? (1u << ((ow) % 16)) - 1u : 0xFFFFu))
+#define LOAD_M(p, m) _mm512_maskz_loadu_ps(m, p)
+#define STORE_M(p, m, v) _mm512_mask_storeu_ps(p, m, v)
+#elif defined(PACKED_F32)
+/* The same product on AVX2 (16 registers of 8 floats): tiles of up to 32 outputs (4 registers per frame, 8 for
+ * a pair), 128 rows of the repacked weights (16 KiB) per pass. */
+#define OTILE 32
+#define ITILE 128
+typedef __m256i lanes_t;
+#define ALL_LANES _mm256_set1_epi32(-1)
+#define TAIL_LANES(ow)                                                                                          \
+    _mm256_cmpgt_epi32(_mm256_set1_epi32((ow) % 8 ? (ow) % 8 : 8), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+#define LOAD_M(p, m) _mm256_maskload_ps(p, m)
+#define STORE_M(p, m, v) _mm256_maskstore_ps(p, m, v)
+#endif
+
+#if defined(PACKED_F32)
 static inline __attribute__((always_inline)) void tile_f32(float *y0, float *y1, const float *x0, const float *x1,
                                                            const float *restrict w, int ow, int i0, int i1,
-                                                           const int nv, __mmask16 last, const int two) {
-    __m512 a[8], c[8];
+                                                           const int nv, lanes_t last, const int two) {
+    VEC a[OTILE / VW], c[OTILE / VW];
     for (int r = 0; r < nv; r++) {
-        const __mmask16 m = r == nv - 1 ? last : (__mmask16)0xFFFF;
-        a[r] = _mm512_maskz_loadu_ps(m, y0 + 16 * r);
-        if (two) c[r] = _mm512_maskz_loadu_ps(m, y1 + 16 * r);
+        a[r] = LOAD_M(y0 + VW * r, r == nv - 1 ? last : ALL_LANES);
+        if (two) c[r] = LOAD_M(y1 + VW * r, r == nv - 1 ? last : ALL_LANES);
     }
     for (int i = i0; i < i1; i++) {
         const float *restrict wr = w + (size_t)i * ow;
-        const __m512 xa = _mm512_set1_ps(x0[i]);
-        const __m512 xb = two ? _mm512_set1_ps(x1[i]) : xa;
+        const VEC xa = SET1(x0[i]);
+        const VEC xb = two ? SET1(x1[i]) : xa;
         for (int r = 0; r < nv; r++) {
-            const __m512 wv = _mm512_maskz_loadu_ps(r == nv - 1 ? last : (__mmask16)0xFFFF, wr + 16 * r);
-            a[r] = _mm512_fmadd_ps(xa, wv, a[r]);
-            if (two) c[r] = _mm512_fmadd_ps(xb, wv, c[r]);
+            /* unmasked but for the last register: AVX2's masked loads are slow on AMD processors */
+            const VEC wv = r == nv - 1 ? LOAD_M(wr + VW * r, last) : LOADU(wr + VW * r);
+            a[r] = FMA(xa, wv, a[r]);
+            if (two) c[r] = FMA(xb, wv, c[r]);
         }
     }
     for (int r = 0; r < nv; r++) {
-        const __mmask16 m = r == nv - 1 ? last : (__mmask16)0xFFFF;
-        _mm512_mask_storeu_ps(y0 + 16 * r, m, a[r]);
-        if (two) _mm512_mask_storeu_ps(y1 + 16 * r, m, c[r]);
+        STORE_M(y0 + VW * r, r == nv - 1 ? last : ALL_LANES, a[r]);
+        if (two) STORE_M(y1 + VW * r, r == nv - 1 ? last : ALL_LANES, c[r]);
     }
 }
 
@@ -127,8 +167,8 @@ static void gemv(float *restrict Y, const float *X, const float *restrict w, con
                  int n_out, int nf, int ldx, int ldy) {
     for (int f = 0; f < nf; f++) memcpy(Y + (size_t)f * ldy, b, sizeof(float) * (size_t)n_out);
     for (int o0 = 0; o0 < n_out; o0 += OTILE) { /* w: packed, this tile's rows from w + n_in o0 */
-        const int ow = n_out - o0 < OTILE ? n_out - o0 : OTILE, nv = (ow + 15) / 16;
-        const __mmask16 last = (__mmask16)(ow % 16 ? (1u << (ow % 16)) - 1u : 0xFFFFu);
+        const int ow = n_out - o0 < OTILE ? n_out - o0 : OTILE, nv = (ow + VW - 1) / VW;
+        const lanes_t last = TAIL_LANES(ow);
         for (int i0 = 0; i0 < n_in; i0 += ITILE) {
             const int i1 = n_in - i0 < ITILE ? n_in : i0 + ITILE;
             for (int f = 0; f < nf; f += 2) {
@@ -147,10 +187,12 @@ static void gemv(float *restrict Y, const float *X, const float *restrict w, con
                     TILE_CASE(2)
                     TILE_CASE(3)
                     TILE_CASE(4)
+#if OTILE / VW > 4
                     TILE_CASE(5)
                     TILE_CASE(6)
                     TILE_CASE(7)
                     TILE_CASE(8)
+#endif
                 }
 #undef TILE_CASE
             }
@@ -189,35 +231,37 @@ static void gemv(float *restrict Y, const float *X, const float *restrict w, con
 }
 #endif
 
-#if defined(__AVX512F__)
-/* The AVX-512 pass of gemv16 and gemv8 for one frame: y[o] += sum of x[i..i+4) w0..w3[o], the rows' elements of
- * type T loaded 16 at a time as floats by LOAD(pointer). */
-#define QUAD_AVX512(T, LOAD, x, y, w0, w1, w2, w3)                                                              \
+#if defined(__AVX512F__) || (defined(VW) && defined(__F16C__))
+/* The pass of gemv16 and gemv8 for one frame (AVX-512, or AVX2 with F16C): y[o] += sum of x[i..i+4) w0..w3[o],
+ * the rows' elements of type T loaded VW at a time as floats by LOAD(pointer). */
+#define QUAD(T, LOAD, x, y, w0, w1, w2, w3)                                                                     \
     do {                                                                                                        \
-        const __m512 a0 = _mm512_set1_ps((x)[i]), a1 = _mm512_set1_ps((x)[i + 1]);                             \
-        const __m512 a2 = _mm512_set1_ps((x)[i + 2]), a3 = _mm512_set1_ps((x)[i + 3]);                         \
+        const VEC a0 = SET1((x)[i]), a1 = SET1((x)[i + 1]), a2 = SET1((x)[i + 2]), a3 = SET1((x)[i + 3]);       \
         int o = 0;                                                                                              \
-        for (; o + 16 <= n_out; o += 16) {                                                                      \
-            __m512 acc = _mm512_loadu_ps((y) + o);                                                              \
-            acc = _mm512_fmadd_ps(a0, LOAD((w0) + o), acc);                                                     \
-            acc = _mm512_fmadd_ps(a1, LOAD((w1) + o), acc);                                                     \
-            acc = _mm512_fmadd_ps(a2, LOAD((w2) + o), acc);                                                     \
-            acc = _mm512_fmadd_ps(a3, LOAD((w3) + o), acc);                                                     \
-            _mm512_storeu_ps((y) + o, acc);                                                                     \
+        for (; o + VW <= n_out; o += VW) {                                                                      \
+            VEC acc = LOADU((y) + o);                                                                           \
+            acc = FMA(a0, LOAD((w0) + o), acc);                                                                 \
+            acc = FMA(a1, LOAD((w1) + o), acc);                                                                 \
+            acc = FMA(a2, LOAD((w2) + o), acc);                                                                 \
+            acc = FMA(a3, LOAD((w3) + o), acc);                                                                 \
+            STOREU((y) + o, acc);                                                                               \
         }                                                                                                       \
         for (; o < n_out; o++)                                                                                  \
             (y)[o] += (x)[i] * (float)(w0)[o] + (x)[i + 1] * (float)(w1)[o] + (x)[i + 2] * (float)(w2)[o] +     \
                       (x)[i + 3] * (float)(w3)[o];                                                              \
     } while (0)
+#endif
+
+#if defined(__AVX512F__)
 /* every four rows of W (elements of type T) for nf frames: one frame reads them as it goes; more frames convert
  * the four rows to floats once (exactly: float16 and int8 values are floats) and run the same pass on them, so
  * a frame's result does not depend on nf; leaves i at the first row not done */
 #define ROWS4_AVX512(T, LOAD, CONVERT)                                                                          \
     for (; i + 4 <= n_in; i += 4) {                                                                             \
-        const T *w0 = w + (size_t)i * n_out, *w1 = w0 + n_out, *w2 = w1 + n_out, *w3 = w2 + n_out;             \
+        const T *w0 = w + (size_t)i * n_out, *w1 = w0 + n_out, *w2 = w1 + n_out, *w3 = w2 + n_out;              \
         if (nf == 1 || n_out > QUAD_OUT) {                                                                      \
             for (int f = 0; f < nf; f++)                                                                        \
-                QUAD_AVX512(T, LOAD, X + (size_t)f * ldx, Y + (size_t)f * ldy, w0, w1, w2, w3);                 \
+                QUAD(T, LOAD, X + (size_t)f * ldx, Y + (size_t)f * ldy, w0, w1, w2, w3);                        \
             continue;                                                                                           \
         }                                                                                                       \
         float *c0 = quad, *c1 = c0 + n_out, *c2 = c1 + n_out, *c3 = c2 + n_out;                                 \
@@ -226,7 +270,7 @@ static void gemv(float *restrict Y, const float *X, const float *restrict w, con
         CONVERT(c2, w2);                                                                                        \
         CONVERT(c3, w3);                                                                                        \
         for (int f = 0; f < nf; f++)                                                                            \
-            QUAD_AVX512(float, _mm512_loadu_ps, X + (size_t)f * ldx, Y + (size_t)f * ldy, c0, c1, c2, c3);      \
+            QUAD(float, LOADU, X + (size_t)f * ldx, Y + (size_t)f * ldy, c0, c1, c2, c3);                       \
     }
 #define LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define LOAD_I8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
@@ -238,6 +282,52 @@ static void gemv(float *restrict Y, const float *X, const float *restrict w, con
     } while (0)
 #define CONVERT_F16(dst, src) CONVERT_ROW(LOAD_F16, dst, src)
 #define CONVERT_I8(dst, src) CONVERT_ROW(LOAD_I8, dst, src)
+#elif defined(VW) && defined(__F16C__)
+/* The passes on AVX2 (8 floats per register): without them the reduced modes went one weight row at a time
+ * through a loop the compiler vectorised with a load and a store of y per row, and were slower than float32 on
+ * an AVX2-only CPU (session 19). Two frames in one pass: each converted weight vector serves both, the same
+ * chain per frame as QUAD, so a frame's result does not depend on nf. */
+#define QUAD2(T, LOAD, x, xb, y, yb, w0, w1, w2, w3)                                                            \
+    do {                                                                                                        \
+        const VEC a0 = SET1((x)[i]), a1 = SET1((x)[i + 1]), a2 = SET1((x)[i + 2]), a3 = SET1((x)[i + 3]);       \
+        const VEC b0 = SET1((xb)[i]), b1 = SET1((xb)[i + 1]), b2 = SET1((xb)[i + 2]), b3 = SET1((xb)[i + 3]);   \
+        int o = 0;                                                                                              \
+        for (; o + VW <= n_out; o += VW) {                                                                      \
+            const VEC v0 = LOAD((w0) + o), v1 = LOAD((w1) + o), v2 = LOAD((w2) + o), v3 = LOAD((w3) + o);       \
+            VEC acc = LOADU((y) + o), bcc = LOADU((yb) + o);                                                    \
+            acc = FMA(a0, v0, acc);                                                                             \
+            bcc = FMA(b0, v0, bcc);                                                                             \
+            acc = FMA(a1, v1, acc);                                                                             \
+            bcc = FMA(b1, v1, bcc);                                                                             \
+            acc = FMA(a2, v2, acc);                                                                             \
+            bcc = FMA(b2, v2, bcc);                                                                             \
+            acc = FMA(a3, v3, acc);                                                                             \
+            bcc = FMA(b3, v3, bcc);                                                                             \
+            STOREU((y) + o, acc);                                                                               \
+            STOREU((yb) + o, bcc);                                                                              \
+        }                                                                                                       \
+        for (; o < n_out; o++) {                                                                                \
+            (y)[o] += (x)[i] * (float)(w0)[o] + (x)[i + 1] * (float)(w1)[o] + (x)[i + 2] * (float)(w2)[o] +     \
+                      (x)[i + 3] * (float)(w3)[o];                                                              \
+            (yb)[o] += (xb)[i] * (float)(w0)[o] + (xb)[i + 1] * (float)(w1)[o] + (xb)[i + 2] * (float)(w2)[o] + \
+                       (xb)[i + 3] * (float)(w3)[o];                                                            \
+        }                                                                                                       \
+    } while (0)
+/* every four rows of W for nf frames, two frames per pass; leaves i at the first row not done */
+#define ROWS4_AVX2(T, LOAD)                                                                                     \
+    for (; i + 4 <= n_in; i += 4) {                                                                             \
+        const T *w0 = w + (size_t)i * n_out, *w1 = w0 + n_out, *w2 = w1 + n_out, *w3 = w2 + n_out;              \
+        int f = 0;                                                                                              \
+        for (; f + 2 <= nf; f += 2) {                                                                           \
+            const float *x_ = X + (size_t)f * ldx;                                                              \
+            float *y_ = Y + (size_t)f * ldy;                                                                    \
+            QUAD2(T, LOAD, x_, x_ + ldx, y_, y_ + ldy, w0, w1, w2, w3);                                         \
+        }                                                                                                       \
+        if (f < nf) QUAD(T, LOAD, X + (size_t)f * ldx, Y + (size_t)f * ldy, w0, w1, w2, w3);                    \
+    }
+#define LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define LOAD_I8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define REDUCED_AVX2
 #endif
 
 /* gemv with float16 weights: half the bytes to read, converted to float32 as they are loaded (F16C / AVX-512
@@ -248,6 +338,9 @@ static void gemv16(float *restrict Y, const float *X, const half_t *restrict w, 
     int i = 0;
 #if defined(__AVX512F__)
     ROWS4_AVX512(half_t, LOAD_F16, CONVERT_F16)
+#elif defined(REDUCED_AVX2)
+    (void)quad;
+    ROWS4_AVX2(half_t, LOAD_F16)
 #else
     (void)quad;
 #endif
@@ -276,6 +369,9 @@ static void gemv8(float *restrict Y, const float *X, const int8_t *restrict w, c
     int i = 0;
 #if defined(__AVX512F__)
     ROWS4_AVX512(int8_t, LOAD_I8, CONVERT_I8)
+#elif defined(REDUCED_AVX2)
+    (void)quad;
+    ROWS4_AVX2(int8_t, LOAD_I8)
 #else
     (void)quad;
 #endif
@@ -388,6 +484,22 @@ static void scores16(float *restrict score, const float *restrict q, const half_
         }
         _mm512_storeu_ps(score + t, _mm512_add_ps(acc0, acc1));
     }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    for (; t + 8 <= n; t += 8) { /* the same two chains per frame as the AVX-512 loop, 8 frames per register */
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 2 <= Dh; i += 2) {
+            const __m128i k0 = _mm_loadu_si128((const __m128i *)(K + (size_t)i * C + t));
+            const __m128i k1 = _mm_loadu_si128((const __m128i *)(K + (size_t)(i + 1) * C + t));
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(q[i]), _mm256_cvtph_ps(k0), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(q[i + 1]), _mm256_cvtph_ps(k1), acc1);
+        }
+        for (; i < Dh; i++) {
+            const __m128i k0 = _mm_loadu_si128((const __m128i *)(K + (size_t)i * C + t));
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(q[i]), _mm256_cvtph_ps(k0), acc0);
+        }
+        _mm256_storeu_ps(score + t, _mm256_add_ps(acc0, acc1));
+    }
 #endif
     for (; t < n; t++) {
         float acc = 0.0f;
@@ -419,6 +531,23 @@ static void mix16(float *restrict y, const float *restrict p, const half_t *rest
                                  _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(V + (size_t)t * Dh + i))), a0);
         _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
     }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define LOAD_V16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+    for (; i + 8 <= Dh; i += 8) { /* the AVX-512 loop's four chains, 8 values per register */
+        __m256 a0 = _mm256_loadu_ps(y + i), a1 = _mm256_setzero_ps();
+        __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        int t = 0;
+        for (; t + 4 <= n; t += 4) {
+            const half_t *v = V + (size_t)t * Dh + i;
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), LOAD_V16(v), a0);
+            a1 = _mm256_fmadd_ps(_mm256_set1_ps(p[t + 1]), LOAD_V16(v + Dh), a1);
+            a2 = _mm256_fmadd_ps(_mm256_set1_ps(p[t + 2]), LOAD_V16(v + 2 * Dh), a2);
+            a3 = _mm256_fmadd_ps(_mm256_set1_ps(p[t + 3]), LOAD_V16(v + 3 * Dh), a3);
+        }
+        for (; t < n; t++) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), LOAD_V16(V + (size_t)t * Dh + i), a0);
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    }
+#undef LOAD_V16
 #endif
     for (; i < Dh; i++) {
         float acc = y[i];
@@ -482,8 +611,8 @@ static int matrices(Model *m, GroupLinear **all) {
     return n_all;
 }
 
-#if defined(__AVX512F__)
-/* float32 mode on AVX-512: every matrix copied once into m->reduced in gemv's tile order, per group
+#if defined(PACKED_F32)
+/* float32 mode on AVX-512 or AVX2: every matrix copied once into m->reduced in gemv's tile order, per group
  * [tile][n_in][ow] (ow = OTILE, or what is left for the last tile). The same values: the result is the float32
  * step's. */
 static int pack_weights(Model *m) {
@@ -679,7 +808,7 @@ void *tim_model_new(const int32_t *ci, const float *cf, const float *weights, in
         m->rev[i] = r;
     }
     if (precision && weights && !reduce_weights(m)) goto fail;
-#if defined(__AVX512F__)
+#if defined(PACKED_F32)
     if (!precision && weights && !pack_weights(m)) goto fail;
 #endif
     return m;

@@ -1,5 +1,6 @@
 """bench/bench_revisions.py times two checkouts against each other; run here with this checkout on both sides
-(TorchScript only, a few rounds): the table has its rows, finite positive ratios, and identical outputs."""
+(TorchScript, and the C step whose one-frame call is timed another way; a few rounds): the table has its rows,
+finite positive ratios, and identical outputs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "bench_revisions.py"
@@ -19,15 +22,16 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_same_checkout_on_both_sides(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["torchscript", "native-int8"])
+def test_same_checkout_on_both_sides(backend: str, tmp_path: Path) -> None:
     out = tmp_path / "revisions.md"
     done = run(
-        *("--base", str(ROOT), "--backends", "torchscript", "--rounds", "2", "--calls", "3"),
+        *("--base", str(ROOT), "--backends", backend, "--rounds", "2", "--calls", "3"),
         *("--seconds", "0.5", "--out", str(out)),
     )
     assert done.returncode == 0, done.stderr
     rows = [
-        line.split("|")[1:-1] for line in out.read_text().splitlines() if line.startswith("| torchscript")
+        line.split("|")[1:-1] for line in out.read_text().splitlines() if line.startswith(f"| {backend} |")
     ]
     assert [r[1].strip() for r in rows] == [
         "step, 1 frame (ms per call)",
