@@ -19,8 +19,18 @@
 # The bundled model is inside the package (models/pretrained/default.safetensors, no download at run time). Its
 # model card says the weights are internal R&D material (noise licences): do not push this image to a public
 # registry. The container runs as the unprivileged user "app"; it writes only temporary files (multipart uploads
-# over 1 MiB, PNG figures) under /tmp. The image has no C compiler, so `--stream-backend native` / `native-fp16`
-# (compiled on first use) are refused here with that reason; streams use TorchScript (`auto`).
+# over 1 MiB, PNG figures) under /tmp.
+#
+# Streams run on the C step (`auto` takes `native`; `native-fp16` / `native-int8` by name). The image has no C
+# compiler: a build stage compiles enhance/native_step.c once per x86-64 level (v4: AVX-512, v3: AVX2/FMA/F16C, v2,
+# baseline; one generic build on other processors) into /opt/tim-enhance/native, and the server loads the one for
+# the highest level the host's CPU has ($TIM_ENHANCE_PREBUILT; enhance/native_build.py). /v1/models names the
+# backend each model's streams use.
+
+FROM python:3.11-slim AS native
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
+COPY enhance/native_build.py enhance/native_step.c /build/
+RUN python -I /build/native_build.py --prebuild /opt/tim-enhance/native
 
 FROM python:3.11-slim
 
@@ -28,7 +38,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    OMP_NUM_THREADS=1
+    OMP_NUM_THREADS=1 \
+    TIM_ENHANCE_PREBUILT=/opt/tim-enhance/native
 
 # CPU-only PyTorch first (its own index), in a layer of its own so code changes do not reinstall it.
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
@@ -46,6 +57,10 @@ RUN pip install ".[serve,viz]" "websockets>=13" \
     && cd / && rm -rf /src \
     && python -c "from models.pretrained import pretrained_path; print('bundled model:', pretrained_path())" \
     && python -c "import server.app as a; assert (a.STATIC_DIR / 'index.html').is_file(), 'web page not installed: add server = [\"static/*\"] to [tool.setuptools.package-data]'"
+
+# the C step's libraries, built for the source installed above (its SHA-256 is in their names)
+COPY --from=native /opt/tim-enhance/native /opt/tim-enhance/native
+RUN cd / && python -c "from enhance.native_backend import library; print('native step:', library()._name)"
 
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin app
 USER app

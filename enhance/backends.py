@@ -69,8 +69,8 @@ def resolve_backend(model: Enhancer, name: str = "auto") -> str:
 
 
 def _native_ready(model: Enhancer) -> bool:
-    """Whether the C step covers ``model`` and can be built (or is already built) here: ``auto`` takes it then.
-    The first call on a machine compiles it (about 3 s; cached), as naming ``native`` would."""
+    """Whether the C step covers ``model`` and can be built (or is already built, or prebuilt) here: ``auto`` takes
+    it then. The first call on a machine compiles it (about 3 s; cached), as naming ``native`` would."""
     from enhance.native_backend import NativeUnavailable, library, native_unsupported
 
     if native_unsupported(model) is not None:

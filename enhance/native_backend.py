@@ -18,25 +18,21 @@ weight bytes per frame, close to but not the float32 numbers.
 It runs the standard and TIM blocks (with or without competition) with the one-frame lookahead; models with SDU
 or MAE blocks use the other backends. It needs a C compiler (``cc``, or ``$CC``) the first time on a machine: the
 library is built with ``-O3 -march=native`` into ``$TIM_ENHANCE_CACHE`` (default ``~/.cache/tim-enhance``), keyed
-by the source, the compiler and the CPU's flags, and written atomically (a concurrent first use is safe).
+by the source, the compiler and the CPU's flags, and written atomically (a concurrent first use is safe); without
+a compiler it loads a prebuilt library from ``$TIM_ENHANCE_PREBUILT`` (:mod:`enhance.native_build`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from enhance.native_build import NativeUnavailable as NativeUnavailable  # re-exported: callers import it here
+from enhance.native_build import locate
 from enhance.stft import sqrt_hann
 from models.encoder_layer import StandardLayer
 from models.enhancer import Enhancer, EnhancerOutput
@@ -44,16 +40,8 @@ from models.pre_encoder import ConvBlock
 from models.static_step import unsupported
 from models.tim_layer import TIMLayer
 
-SOURCE = Path(__file__).with_name("native_step.c")
-FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-trapping-math", "-fPIC", "-shared", "-std=gnu11")
-
-
 # the C step's weight matrices (tim_model_new's precision 0, 1, 2)
 PRECISIONS = ("float32", "float16", "int8")
-
-
-class NativeUnavailable(RuntimeError):
-    """The C step cannot be built here (no compiler, or it failed)."""
 
 
 def native_unsupported(model: Enhancer) -> str | None:
@@ -81,38 +69,10 @@ def native_unsupported(model: Enhancer) -> str | None:
     return None
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("TIM_ENHANCE_CACHE")
-    if root:
-        return Path(root)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tim-enhance"
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
 @functools.lru_cache(maxsize=1)
 def library() -> ctypes.CDLL:
     """The compiled C step, built on first use (see the module docstring). Raises :class:`NativeUnavailable`."""
-    cc = os.environ.get("CC", "cc")
-    parts = [SOURCE.read_bytes(), cc.encode(), " ".join(FLAGS).encode(), _cpu_flags().encode()]
-    key = hashlib.sha256(b"\0".join([*parts, platform.machine().encode()])).hexdigest()[:16]
-    target = cache_dir() / f"native_step-{key}.so"
-    if not target.exists():
-        try:
-            _build(cc, target)
-        except OSError as exc:
-            raise NativeUnavailable(
-                f"cannot build the native step into {target.parent} ({exc}); set $TIM_ENHANCE_CACHE to a "
-                "writable folder or choose another backend (torchscript)"
-            ) from None
+    target = locate()
     try:
         lib = ctypes.CDLL(str(target))
     except OSError as exc:  # a cache on a noexec mount, another user's build we may not read, a damaged file
@@ -143,32 +103,6 @@ def library() -> ctypes.CDLL:
         ptr,
     ]
     return lib
-
-
-def _build(cc: str, target: Path) -> None:
-    """Compile :data:`SOURCE` into ``target``, atomically (a temporary file beside it, then renamed)."""
-    if shutil.which(cc) is None:
-        raise NativeUnavailable(
-            f"the native backend needs a C compiler ('{cc}' not found; set $CC or install gcc), "
-            "or choose another backend (torchscript)"
-        )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".native_step-", suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True)
-        if done.returncode != 0:  # a compiler without -march=native: the portable build
-            portable = [f for f in FLAGS if f != "-march=native"]
-            done = subprocess.run(
-                [cc, *portable, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True
-            )
-        if done.returncode != 0:
-            raise NativeUnavailable(f"compiling {SOURCE.name} with {cc} failed:\n{done.stderr.strip()}")
-        os.chmod(tmp, 0o755)  # mkstemp's 0600 would keep other users of a shared cache from loading it
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _addr(a: np.ndarray) -> int:

@@ -63,7 +63,7 @@ def _split_alias(spec: str) -> tuple[str | None, str]:
 
 def check_config(config: ServerConfig) -> None:
     """Cheap pre-flight (no weights read): every configured model exists, and a named C backend can be built (a
-    compiler, or the library already cached). Raises :class:`CheckpointError`."""
+    compiler, the library already cached, or a prebuilt one). Raises :class:`CheckpointError`."""
     for name in config.model_specs:
         pretrained_path(name)
     for spec in config.checkpoints:

@@ -17,7 +17,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from enhance import native_backend
+from enhance import native_backend, native_build
 from enhance.native_backend import NativeStepper, native_unsupported
 from enhance.offline import enhance_waveform
 from enhance.streaming import StreamingEnhancer
@@ -169,7 +169,7 @@ def test_builds_for_other_vector_extensions_give_the_same_numbers(
     engine = StreamingEnhancer(model, 1, backend=NativeStepper(model, weights=weights))
     ref = _stream(engine, x, [256] * 24)[0]
     monkeypatch.setenv("TIM_ENHANCE_CACHE", str(tmp_path))
-    monkeypatch.setattr(native_backend, "FLAGS", (*native_backend.FLAGS, flag))
+    monkeypatch.setattr(native_build, "FLAGS", (*native_build.FLAGS, flag))
     native_backend.library.cache_clear()
     try:
         stepper = NativeStepper(model, weights=weights)
