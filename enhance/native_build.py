@@ -36,11 +36,11 @@ FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-trapping-math", "-f
 PREBUILT_ENV = "TIM_ENHANCE_PREBUILT"
 
 # the x86-64 micro-architecture levels (GCC's -march names), highest first, each with the /proc/cpuinfo flags it
-# needs beyond the one below it ("abm" is how Linux names LZCNT)
+# needs beyond the one below it (Linux names LZCNT "abm" and SSE3 "pni")
 X86_LEVELS: tuple[tuple[str, frozenset[str]], ...] = (
     ("x86-64-v4", frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"})),
     ("x86-64-v3", frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"})),
-    ("x86-64-v2", frozenset({"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"})),
+    ("x86-64-v2", frozenset({"cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3"})),
     ("x86-64", frozenset()),
 )
 
