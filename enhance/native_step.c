@@ -502,10 +502,13 @@ static void scores16(float *restrict score, const float *restrict q, const half_
         _mm256_storeu_ps(score + t, _mm256_add_ps(acc0, acc1));
     }
 #endif
-    for (; t < n; t++) {
-        float acc = 0.0f;
-        for (int i = 0; i < Dh; i++) acc += q[i] * (float)K[(size_t)i * C + t];
-        score[t] = acc;
+    /* the frames left (all of them without AVX2): each score a chain over i in order, as above; the loop over
+     * frames inside, so that compilers vectorise it (NEON, SSE) */
+    for (int u = t; u < n; u++) score[u] = 0.0f;
+    for (int i = 0; i < Dh && t < n; i++) {
+        const float a = q[i];
+        const half_t *restrict k = K + (size_t)i * C;
+        for (int u = t; u < n; u++) score[u] += a * (float)k[u];
     }
 }
 
@@ -550,10 +553,11 @@ static void mix16(float *restrict y, const float *restrict p, const half_t *rest
     }
 #undef LOAD_V16
 #endif
-    for (; i < Dh; i++) {
-        float acc = y[i];
-        for (int t = 0; t < n; t++) acc += p[t] * (float)V[(size_t)t * Dh + i];
-        y[i] = acc;
+    /* the values left (all of them without AVX2): each a chain over frames in order; the loop over values inside */
+    for (int t = 0; t < n && i < Dh; t++) {
+        const float pt = p[t];
+        const half_t *restrict v = V + (size_t)t * Dh;
+        for (int j = i; j < Dh; j++) y[j] += pt * (float)v[j];
     }
 }
 
