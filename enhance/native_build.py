@@ -98,10 +98,7 @@ def compile_library(cc: str, target: Path, flags: tuple[str, ...] | list[str]) -
     """Compile :data:`SOURCE` with ``flags`` into ``target``, atomically. Raises :class:`NativeUnavailable` (no
     compiler, or it failed) or :class:`OSError` (the folder cannot be written)."""
     if shutil.which(cc) is None:
-        raise NativeUnavailable(
-            f"the native backend needs a C compiler ('{cc}' not found; set $CC or install gcc) or prebuilt "
-            f"libraries (${PREBUILT_ENV}), or choose another backend (torchscript)"
-        )
+        raise NativeUnavailable(f"no C compiler ('{cc}' not found; set $CC or install gcc)")
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".native_step-", suffix=".so", dir=target.parent)
     os.close(fd)
@@ -147,15 +144,19 @@ def locate() -> Path:
     if target.exists():
         return target
     if shutil.which(cc) is None:
-        prebuilt = _prebuilt()
+        prebuilt, folder = _prebuilt(), os.environ.get(PREBUILT_ENV)
         if prebuilt is not None:
             return prebuilt
-        if os.environ.get(PREBUILT_ENV):
-            raise NativeUnavailable(
-                f"the native backend needs a C compiler ('{cc}' not found) or a prebuilt library of this "
-                f"source for this CPU (none in ${PREBUILT_ENV}={os.environ[PREBUILT_ENV]}, which should hold "
-                f"{prebuilt_name('<level>')}), or choose another backend (torchscript)"
-            )
+        wanted = (
+            f"a prebuilt library of this source for this CPU (none in ${PREBUILT_ENV}={folder}, which should "
+            f"hold {prebuilt_name('<level>')})"
+            if folder
+            else f"prebuilt libraries (${PREBUILT_ENV})"
+        )
+        raise NativeUnavailable(
+            f"the native backend needs a C compiler ('{cc}' not found; set $CC or install gcc) or {wanted}, or "
+            "choose another backend (torchscript)"
+        )
     try:
         compile_library(cc, target, FLAGS)
     except OSError as exc:

@@ -87,8 +87,8 @@ typedef struct {
     int half_rings; /* float16 and int8 modes: the key/value rings in float16 */
 } Model;
 
-/* The vector width the kernels below are written in: VW floats per register (AVX-512 or AVX2 with FMA; plain C
- * otherwise, where the compiler vectorises what it can) */
+/* The vector width the kernels below are written in: VW floats per register (AVX-512, or AVX2 with FMA; the
+ * float16 loads also need F16C there; plain C otherwise, where the compiler vectorises what it can) */
 #if defined(__AVX512F__)
 #define VW 16
 #define VEC __m512
@@ -96,6 +96,9 @@ typedef struct {
 #define LOADU _mm512_loadu_ps
 #define STOREU _mm512_storeu_ps
 #define FMA _mm512_fmadd_ps
+#define ADD _mm512_add_ps
+#define ZERO _mm512_setzero_ps
+#define LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #elif defined(__AVX2__) && defined(__FMA__)
 #define VW 8
 #define VEC __m256
@@ -103,6 +106,11 @@ typedef struct {
 #define LOADU _mm256_loadu_ps
 #define STOREU _mm256_storeu_ps
 #define FMA _mm256_fmadd_ps
+#define ADD _mm256_add_ps
+#define ZERO _mm256_setzero_ps
+#if defined(__F16C__)
+#define LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p))) /* VW float16 values as floats */
+#endif
 #endif
 #if defined(VW)
 #define PACKED_F32 /* gemv's float32 weights are repacked in tiles (pack_weights) */
@@ -232,7 +240,7 @@ static void gemv(float *restrict Y, const float *X, const float *restrict w, con
 }
 #endif
 
-#if defined(__AVX512F__) || (defined(VW) && defined(__F16C__))
+#if defined(LOAD_F16)
 /* The pass of gemv16 and gemv8 for one frame (AVX-512, or AVX2 with F16C): y[o] += sum of x[i..i+4) w0..w3[o],
  * the rows' elements of type T loaded VW at a time as floats by LOAD(pointer). */
 #define QUAD(T, LOAD, x, y, w0, w1, w2, w3)                                                                     \
@@ -273,7 +281,6 @@ static void gemv(float *restrict Y, const float *X, const float *restrict w, con
         for (int f = 0; f < nf; f++)                                                                            \
             QUAD(float, LOADU, X + (size_t)f * ldx, Y + (size_t)f * ldy, c0, c1, c2, c3);                       \
     }
-#define LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define LOAD_I8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
 #define CONVERT_ROW(LOAD, dst, src)                                                                             \
     do {                                                                                                        \
@@ -283,7 +290,7 @@ static void gemv(float *restrict Y, const float *X, const float *restrict w, con
     } while (0)
 #define CONVERT_F16(dst, src) CONVERT_ROW(LOAD_F16, dst, src)
 #define CONVERT_I8(dst, src) CONVERT_ROW(LOAD_I8, dst, src)
-#elif defined(VW) && defined(__F16C__)
+#elif defined(LOAD_F16)
 /* The passes on AVX2 (8 floats per register): without them the reduced modes went one weight row at a time
  * through a loop the compiler vectorised with a load and a store of y per row, and were slower than float32 on
  * an AVX2-only CPU (session 19). Two frames in one pass: each converted weight vector serves both, the same
@@ -326,7 +333,6 @@ static void gemv(float *restrict Y, const float *X, const float *restrict w, con
         }                                                                                                       \
         if (f < nf) QUAD(T, LOAD, X + (size_t)f * ldx, Y + (size_t)f * ldy, w0, w1, w2, w3);                    \
     }
-#define LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define LOAD_I8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
 #define REDUCED_AVX2
 #endif
@@ -465,44 +471,24 @@ static void softmax(float *x, int n) {
 }
 
 /* Attention over float16 rings (float16 and int8 modes: half the bytes of float32 rings per frame), float32 maths.
- * score[t] = q . K[:, t] for the n past frames of a transposed key ring K [Dh][C]: VW frames per register. */
+ * score[t] = q . K[:, t] for the n past frames of a transposed key ring K [Dh][C]: VW frames per register (AVX-512,
+ * AVX2 with F16C). */
 static void scores16(float *restrict score, const float *restrict q, const half_t *restrict K, int Dh, int C,
                      int n) {
     int t = 0;
-#if defined(__AVX512F__)
-    for (; t + 16 <= n; t += 16) {
-        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+#if defined(LOAD_F16)
+    for (; t + VW <= n; t += VW) {
+        VEC acc0 = ZERO(), acc1 = ZERO();
         int i = 0;
         for (; i + 2 <= Dh; i += 2) { /* two chains of dependent adds */
-            const __m256i k0 = _mm256_loadu_si256((const __m256i *)(K + (size_t)i * C + t));
-            const __m256i k1 = _mm256_loadu_si256((const __m256i *)(K + (size_t)(i + 1) * C + t));
-            acc0 = _mm512_fmadd_ps(_mm512_set1_ps(q[i]), _mm512_cvtph_ps(k0), acc0);
-            acc1 = _mm512_fmadd_ps(_mm512_set1_ps(q[i + 1]), _mm512_cvtph_ps(k1), acc1);
+            acc0 = FMA(SET1(q[i]), LOAD_F16(K + (size_t)i * C + t), acc0);
+            acc1 = FMA(SET1(q[i + 1]), LOAD_F16(K + (size_t)(i + 1) * C + t), acc1);
         }
-        for (; i < Dh; i++) {
-            const __m256i k0 = _mm256_loadu_si256((const __m256i *)(K + (size_t)i * C + t));
-            acc0 = _mm512_fmadd_ps(_mm512_set1_ps(q[i]), _mm512_cvtph_ps(k0), acc0);
-        }
-        _mm512_storeu_ps(score + t, _mm512_add_ps(acc0, acc1));
-    }
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-    for (; t + 8 <= n; t += 8) { /* the same two chains per frame as the AVX-512 loop, 8 frames per register */
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-        int i = 0;
-        for (; i + 2 <= Dh; i += 2) {
-            const __m128i k0 = _mm_loadu_si128((const __m128i *)(K + (size_t)i * C + t));
-            const __m128i k1 = _mm_loadu_si128((const __m128i *)(K + (size_t)(i + 1) * C + t));
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(q[i]), _mm256_cvtph_ps(k0), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(q[i + 1]), _mm256_cvtph_ps(k1), acc1);
-        }
-        for (; i < Dh; i++) {
-            const __m128i k0 = _mm_loadu_si128((const __m128i *)(K + (size_t)i * C + t));
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(q[i]), _mm256_cvtph_ps(k0), acc0);
-        }
-        _mm256_storeu_ps(score + t, _mm256_add_ps(acc0, acc1));
+        for (; i < Dh; i++) acc0 = FMA(SET1(q[i]), LOAD_F16(K + (size_t)i * C + t), acc0);
+        STOREU(score + t, ADD(acc0, acc1));
     }
 #endif
-    /* the frames left (all of them without AVX2): each score a chain over i in order, as above; the loop over
+    /* the frames left (all of them in plain C): each score a chain over i in order; the loop over
      * frames inside, so that compilers vectorise it (NEON, SSE) */
     for (int u = t; u < n; u++) score[u] = 0.0f;
     for (int i = 0; i < Dh && t < n; i++) {
@@ -515,45 +501,22 @@ static void scores16(float *restrict score, const float *restrict q, const half_
 /* y[Dh] += sum over the n past frames of p[t] V[t] for a value ring V [C][Dh] in float16 */
 static void mix16(float *restrict y, const float *restrict p, const half_t *restrict V, int Dh, int n) {
     int i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= Dh; i += 16) {
-        __m512 a0 = _mm512_loadu_ps(y + i), a1 = _mm512_setzero_ps();
-        __m512 a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+#if defined(LOAD_F16)
+    for (; i + VW <= Dh; i += VW) {
+        VEC a0 = LOADU(y + i), a1 = ZERO(), a2 = ZERO(), a3 = ZERO();
         int t = 0;
         for (; t + 4 <= n; t += 4) { /* four frames per pass, four chains */
             const half_t *v = V + (size_t)t * Dh + i;
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[t]), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)v)), a0);
-            a1 = _mm512_fmadd_ps(_mm512_set1_ps(p[t + 1]),
-                                 _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + Dh))), a1);
-            a2 = _mm512_fmadd_ps(_mm512_set1_ps(p[t + 2]),
-                                 _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 2 * Dh))), a2);
-            a3 = _mm512_fmadd_ps(_mm512_set1_ps(p[t + 3]),
-                                 _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 3 * Dh))), a3);
+            a0 = FMA(SET1(p[t]), LOAD_F16(v), a0);
+            a1 = FMA(SET1(p[t + 1]), LOAD_F16(v + Dh), a1);
+            a2 = FMA(SET1(p[t + 2]), LOAD_F16(v + 2 * Dh), a2);
+            a3 = FMA(SET1(p[t + 3]), LOAD_F16(v + 3 * Dh), a3);
         }
-        for (; t < n; t++)
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[t]),
-                                 _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(V + (size_t)t * Dh + i))), a0);
-        _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+        for (; t < n; t++) a0 = FMA(SET1(p[t]), LOAD_F16(V + (size_t)t * Dh + i), a0);
+        STOREU(y + i, ADD(ADD(a0, a1), ADD(a2, a3)));
     }
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define LOAD_V16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
-    for (; i + 8 <= Dh; i += 8) { /* the AVX-512 loop's four chains, 8 values per register */
-        __m256 a0 = _mm256_loadu_ps(y + i), a1 = _mm256_setzero_ps();
-        __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-        int t = 0;
-        for (; t + 4 <= n; t += 4) {
-            const half_t *v = V + (size_t)t * Dh + i;
-            a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), LOAD_V16(v), a0);
-            a1 = _mm256_fmadd_ps(_mm256_set1_ps(p[t + 1]), LOAD_V16(v + Dh), a1);
-            a2 = _mm256_fmadd_ps(_mm256_set1_ps(p[t + 2]), LOAD_V16(v + 2 * Dh), a2);
-            a3 = _mm256_fmadd_ps(_mm256_set1_ps(p[t + 3]), LOAD_V16(v + 3 * Dh), a3);
-        }
-        for (; t < n; t++) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), LOAD_V16(V + (size_t)t * Dh + i), a0);
-        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    }
-#undef LOAD_V16
 #endif
-    /* the values left (all of them without AVX2): each a chain over frames in order; the loop over values inside */
+    /* the values left (all of them in plain C): each a chain over frames in order; the loop over values inside */
     for (int t = 0; t < n && i < Dh; t++) {
         const float pt = p[t];
         const half_t *restrict v = V + (size_t)t * Dh;
