@@ -22,6 +22,9 @@ import soxr
 from enhance.errors import AudioError
 
 MODEL_RATE = 16000
+OPUS_RATES = frozenset({8000, 12000, 16000, 24000, 48000})
+VORBIS_MAX_RATE = 200_000  # libsndfile 1.2's Vorbis encoder crashes the process (SIGSEGV) above this
+MAX_FLOAT_SAMPLE = 1000.0  # float samples beyond this are not audio (the STFT of 3e38 overflows to NaN)
 # file name suffixes treated as audio when scanning folders (CLI inputs, corpora, test sets)
 AUDIO_SUFFIXES = frozenset(
     {".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".au", ".caf", ".w64", ".rf64"}
@@ -121,17 +124,29 @@ def sample_layout_error(wav: np.ndarray, expected: str) -> str | None:
     return None
 
 
+def sample_value_error(wav: np.ndarray) -> str | None:
+    """Why these samples cannot be enhanced (None: they can): NaN or infinite ones, or values beyond
+    ±:data:`MAX_FLOAT_SAMPLE` (a float file is expected within about ±1; 3e38 came out as NaN)."""
+    peak = float(np.abs(wav).max(initial=0.0))  # one pass: NaN and inf carry through the maximum
+    if np.isfinite(peak) and peak <= MAX_FLOAT_SAMPLE:
+        return None
+    if not np.isfinite(wav).all():
+        return f"{int((~np.isfinite(wav)).sum())} sample(s) are NaN or infinite"
+    beyond = int((np.abs(wav) > MAX_FLOAT_SAMPLE).sum())
+    return f"{beyond} sample(s) beyond ±{MAX_FLOAT_SAMPLE:g} (float audio is expected within about ±1)"
+
+
 def check_audio(wav: np.ndarray, name: str = "<audio>") -> None:
     """Refuse what cannot be enhanced: not float [channels, samples] (see :func:`sample_layout_error`), no
-    samples, or NaN/inf samples."""
+    samples, or NaN/inf samples or ones beyond ±:data:`MAX_FLOAT_SAMPLE`."""
     problem = sample_layout_error(wav, "[channels, samples]")
     if problem:
         raise AudioError(f"{name}: {problem}")
     if wav.shape[1] == 0:
         raise AudioError(f"{name}: contains no samples (zero-length audio)")
-    if not np.isfinite(wav).all():
-        bad = int((~np.isfinite(wav)).sum())
-        raise AudioError(f"{name}: {bad} sample(s) are NaN or infinite")
+    problem = sample_value_error(wav)
+    if problem:
+        raise AudioError(f"{name}: {problem}")
 
 
 def load_mono_16k(source: Source) -> tuple[np.ndarray, int, int]:
@@ -196,6 +211,23 @@ def _umask() -> int:
     return mask
 
 
+def codec_rate_error(fmt: str, subtype: str | None, rate: int) -> str | None:
+    """Why audio at ``rate`` cannot be written in container ``fmt`` with codec ``subtype`` (None: the container's
+    default), found before writing (None: it can): Opus takes five rates, and libsndfile's Vorbis encoder
+    crashes the whole process above :data:`VORBIS_MAX_RATE` instead of failing."""
+    if subtype == "OPUS" and rate not in OPUS_RATES:
+        return f"Opus takes 8, 12, 16, 24 or 48 kHz audio and this is {rate} Hz"
+    if fmt == "OGG" and subtype in (None, "VORBIS") and rate > VORBIS_MAX_RATE:
+        return f"Ogg Vorbis takes audio up to {VORBIS_MAX_RATE // 1000} kHz and this is {rate} Hz"
+    return None
+
+
+def _check_rate(fmt: str, subtype: str | None, rate: int) -> None:
+    problem = codec_rate_error(fmt, subtype, rate)
+    if problem:
+        raise AudioError(problem)
+
+
 def save_audio(
     path: str | os.PathLike[str],
     wav: np.ndarray,
@@ -213,6 +245,7 @@ def save_audio(
     subtype = subtype or implied
     if subtype is not None and not sf.check_format(fmt, subtype):
         subtype = None  # e.g. VORBIS -> WAV: fall back to the container's default
+    _check_rate(fmt, subtype, sample_rate)
     with atomic_path(path) as tmp:
         sf.write(tmp, np.ascontiguousarray(wav.T), sample_rate, format=fmt, subtype=subtype)
 
@@ -223,6 +256,7 @@ def encode_audio(
     """Encode ``[channels, samples]`` float audio to bytes in memory (for HTTP responses and pipes)."""
     if subtype is not None and not sf.check_format(format, subtype):
         subtype = None
+    _check_rate(format, subtype, sample_rate)
     buf = io.BytesIO()
     sf.write(buf, np.ascontiguousarray(wav.T), sample_rate, format=format, subtype=subtype)
     return buf.getvalue()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import math
 import os
 import signal
 import sys
@@ -59,11 +58,16 @@ def attenuation_db(text: str) -> float:
     return value
 
 
+MAX_CHUNK_SECONDS = 3600.0
+
+
 def _seconds(text: str) -> float:
-    """``--chunk-seconds``: a positive, finite number of seconds."""
+    """``--chunk-seconds``: a positive number of seconds, at most an hour (1e306 overflowed the block size)."""
     value = float(text)
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    if not 0 < value <= MAX_CHUNK_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds above 0 and at most {MAX_CHUNK_SECONDS:g}, got {text}"
+        )
     return value
 
 
@@ -212,6 +216,8 @@ def derived_suffix(src: str, fmt: str | None) -> str:
     if fmt is None:
         if named is not None:
             return suffix
+        if _special(src):  # a pipe's header read here would be gone for the enhancement: WAV, as from stdin
+            return ".wav"
         try:
             fmt = sf.info(src).format
         except Exception:
@@ -231,6 +237,8 @@ def output_for(src: str, rel: str | None, output: str | None, as_dir: bool, fmt:
     if output is None:
         if src == "-":
             return "-"
+        if _special(src):  # /dev/fd/63.enhanced.wav is no place to write
+            raise AudioError(f"{src}: a pipe has no folder to write beside: give -o a file name (or -)")
         p = Path(src)
         return str(p.with_name(f"{p.stem}.enhanced{derived_suffix(src, fmt)}"))
     if not (as_dir or output.endswith(("/", os.sep)) or os.path.isdir(output)):
@@ -277,10 +285,19 @@ class Progress:
 
 
 def run_one(
-    ck: Checkpoint, src: str, dst: str, args: argparse.Namespace, progress: Progress, backend: Any = None
+    ck: Checkpoint,
+    src: str,
+    dst: str,
+    args: argparse.Namespace,
+    progress: Progress,
+    backend: Any = None,
+    map_path: str = "",
 ) -> FileResult:
-    want_maps = args.competition_map is not None
+    """Enhance ``src`` into ``dst`` (and draw its competition maps into ``map_path`` when given)."""
+    want_maps = bool(map_path)
     pipe_in = src != "-" and _special(src)  # a named pipe, /dev/stdin, <(...): read once, into memory
+    # /dev/stdout, /dev/null, a named pipe: written in place (a temp file renamed over it would replace it)
+    pipe_out = dst != "-" and _special(dst)
     if src != "-" and not pipe_in:  # (a pipe's header read here would be gone for the enhancement)
         try:
             info = sf.info(src)
@@ -313,8 +330,8 @@ def run_one(
                 wall_seconds=time.perf_counter() - t0,
             )
         stream_block = ck.config.stft.hop_length if args.stream else None
-        if dst != "-" and src != "-" and not pipe_in:
-            return enhance_file(
+        if dst != "-" and src != "-" and not pipe_in and not pipe_out:
+            result = enhance_file(
                 ck.model,
                 src,
                 dst,
@@ -327,6 +344,9 @@ def run_one(
                 on_progress=progress.update,
                 backend=backend,
             )
+            if want_maps:
+                write_competition(map_path, result, ck, src)
+            return result
         # a pipe on one side (stdin, stdout, a named pipe, /dev/stdin, <(...)): the encoded audio passes through
         # memory (a pipe cannot be read twice, nor has it a size)
         if src == "-":
@@ -336,7 +356,9 @@ def run_one(
         else:
             raise AudioError(f"{src}: no such file")
         fmt, implied = (
-            ((args.format or "WAV").upper(), None) if args.format or dst == "-" else output_format(dst)
+            ((args.format or "WAV").upper(), None)
+            if args.format or dst == "-" or (pipe_out and not _names_format(dst))
+            else output_format(dst)
         )
         encoded, result = enhance_bytes(
             ck.model,
@@ -351,15 +373,28 @@ def run_one(
         )
         if dst == "-":
             write_all(sys.stdout.buffer, encoded)
+        elif pipe_out:
+            with open(dst, "wb") as out:
+                write_all(out, encoded)
         else:
             if os.path.exists(dst) and not args.overwrite:
                 raise AudioError(f"{dst}: output exists (use --overwrite)")
             with atomic_path(dst) as tmp:
                 Path(tmp).write_bytes(encoded)
         result.output = dst
+        if want_maps:  # a pipe's audio cannot be read again for the map's spectrogram: its bytes are passed
+            write_competition(map_path, result, ck, data)
         return result
     finally:
         progress.close()
+
+
+def _names_format(path: str) -> bool:
+    try:
+        output_format(path)
+    except AudioError:
+        return False
+    return True
 
 
 def _special(src: str) -> bool:
@@ -379,6 +414,28 @@ def write_all(out: BinaryIO, data: bytes) -> None:
     out.flush()
 
 
+def _file_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def inputs_overwritten(targets: list[tuple[str, str]]) -> str | None:
+    """Why the outputs would overwrite another input (None: they do not): ``a.wav a.enhanced.wav
+    --overwrite`` replaced the second input with the first one's result. (An output that is its own input is
+    refused per file, by enhance_file.)"""
+    ids = {_file_id(src): src for src, _ in targets if src != "-" and os.path.isfile(src)}
+    for src, dst in targets:
+        if dst == "-" or not os.path.isfile(dst):
+            continue
+        other = ids.get(_file_id(dst))
+        if other is not None and _file_id(other) != _file_id(src):
+            return f"{dst}: the output of {src} would overwrite another input ({other})"
+    return None
+
+
 def map_target(option: str | None, src: str, rel: str | None, many: bool) -> str:
     """Where ``--competition-map`` puts the map of ``src`` ("" without the option)."""
     if option is None:
@@ -388,11 +445,12 @@ def map_target(option: str | None, src: str, rel: str | None, many: bool) -> str
     return option
 
 
-def write_competition(path: str, result: FileResult, ck: Checkpoint, src: str) -> None:
+def write_competition(path: str, result: FileResult, ck: Checkpoint, source: str | bytes) -> None:
+    """The maps of ``result`` into ``path``; ``source``: the input's path, or its bytes (stdin, pipes)."""
     from enhance.competition_map import save_competition_map
 
     assert result.competition is not None
-    save_competition_map(path, result.competition, ck, src if src != "-" else None)
+    save_competition_map(path, result.competition, ck, source, name=Path(result.input).name)
 
 
 def _drop_stdout() -> None:
@@ -422,9 +480,7 @@ def _run_all(
         try:
             if args.competition_map and os.path.exists(map_path) and not args.overwrite:
                 raise AudioError(f"{map_path}: competition map exists (use --overwrite)")
-            result = run_one(ck, src, dst, args, progress, backend)
-            if args.competition_map:
-                write_competition(map_path, result, ck, src)
+            result = run_one(ck, src, dst, args, progress, backend, map_path)
             say(f"{src} -> {dst} ({result.duration_s:.1f} s audio in {result.wall_seconds:.1f} s)")
         except Exception as exc:  # one file's failure never stops the batch, and never shows a traceback
             if isinstance(exc, AudioError):
@@ -467,10 +523,19 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     as_dir = many or collective  # a folder or a glob makes -o a folder even when it matched one file
     if as_dir and args.output == "-":
         parser.error("-o - takes a single file, not a folder or a glob")
+    if as_dir and args.output and os.path.exists(args.output) and not os.path.isdir(args.output):
+        parser.error(f"-o {args.output}: is a file, but several inputs (or a folder or glob) need a folder")
+    if args.stream and "-" in args.inputs and args.output != "-":
+        parser.error("--stream - reads raw PCM from stdin and writes it to stdout: use -o -")
+    if args.subtype and args.subtype.upper() not in sf.available_subtypes():
+        parser.error(f"--subtype {args.subtype}: not a sample format libsndfile knows (e.g. PCM_16, FLOAT)")
     try:
         targets = [(src, output_for(src, rel, args.output, as_dir, args.format)) for src, rel in inputs]
     except AudioError as exc:
         parser.error(str(exc))
+    overwritten = inputs_overwritten(targets)
+    if overwritten:
+        parser.error(overwritten)
     maps = [map_target(args.competition_map, src, rel, many) for src, rel in inputs]
     clash = clashes(targets) or (
         clashes([(src, m) for (src, _), m in zip(targets, maps, strict=True)])

@@ -24,7 +24,15 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from enhance.audio_io import MODEL_RATE, AudioError, atomic_path, output_format, read_info
+from enhance.audio_io import (
+    MODEL_RATE,
+    AudioError,
+    atomic_path,
+    codec_rate_error,
+    output_format,
+    read_info,
+    sample_value_error,
+)
 from enhance.streaming import StreamingEnhancer
 from models.enhancer import Enhancer
 
@@ -59,9 +67,6 @@ class FileResult:
             "wall_seconds": round(self.wall_seconds, 3),
             "real_time_factor": round(self.wall_seconds / self.duration_s, 4) if self.duration_s else None,
         }
-
-
-OPUS_RATES = frozenset({8000, 12000, 16000, 24000, 48000})
 
 
 def _resampler(rate_in: int, rate_out: int, channels: int) -> soxr.ResampleStream | None:
@@ -136,11 +141,11 @@ def enhance_stream(
             )
         if subtype is not None and not sf.check_format(fmt, subtype):
             raise AudioError(f"{name}: subtype {subtype} cannot be written in format {fmt}")
-        # found now, not as libsndfile's error naming a temporary file
-        if subtype == "OPUS" and rate not in OPUS_RATES:
+        # found now, not as libsndfile's error naming a temporary file (or, for Vorbis, a crash)
+        problem = codec_rate_error(fmt, subtype, rate)
+        if problem:
             raise AudioError(
-                f"{name}: Opus takes 8, 12, 16, 24 or 48 kHz audio and this is {rate} Hz "
-                "(outputs keep the input's rate): write .ogg (Vorbis) or .flac instead"
+                f"{name}: {problem} (outputs keep the input's rate): write .flac or .wav instead"
             )
         clip = subtype is None or subtype not in ("FLOAT", "DOUBLE")
         engine = StreamingEnhancer(model, channels, with_competition, backend=backend)
@@ -176,10 +181,9 @@ def enhance_stream(
                 size = max(1, int(block_seconds * rate))
                 blocks = fin.blocks(blocksize=size, dtype="float32", always_2d=True)
                 for block in blocks:
-                    if not np.isfinite(block).all():
-                        raise AudioError(
-                            f"{name}: {int((~np.isfinite(block)).sum())} sample(s) are NaN or infinite"
-                        )
+                    problem = sample_value_error(block)
+                    if problem:
+                        raise AudioError(f"{name}: {problem}")
                     peak = max(peak, float(np.abs(block).max(initial=0.0)))
                     emit(run(_through(down, block).T))
                     if on_progress is not None:

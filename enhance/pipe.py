@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import soxr
 
-from enhance.audio_io import MODEL_RATE, AudioError
+from enhance.audio_io import MODEL_RATE, AudioError, sample_value_error
 from enhance.streaming import StreamingEnhancer
 from models.enhancer import Enhancer
 
@@ -81,8 +81,9 @@ def stream_pcm(
         if n == 0:
             continue
         x = np.frombuffer(data[: n * width], dtype).reshape(n, channels).astype(np.float32) / scale
-        if not np.isfinite(x).all():
-            raise AudioError("<stdin>: NaN or infinite samples in the PCM stream")
+        problem = sample_value_error(x)
+        if problem:
+            raise AudioError(f"<stdin>: {problem} in the PCM stream")
         received += n
         x16 = x if down is None else down.resample_chunk(x)
         write(engine.process(np.ascontiguousarray(x16.T)))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +133,9 @@ def _bad_files(d: Path) -> dict[str, tuple[Path, str]]:
     x[500] = np.inf
     sf.write(d / "inf.wav", x, 16000, subtype="FLOAT")
     files["inf"] = (d / "inf.wav", "NaN or infinite")
+    x[500] = 3e38  # finite, but not audio: it came out as NaN samples
+    sf.write(d / "huge.wav", x, 16000, subtype="FLOAT")
+    files["huge"] = (d / "huge.wav", "beyond ±1000")
     files["missing"] = (d / "missing.wav", "no such file")
     return files
 
@@ -341,7 +346,10 @@ def test_stream_raw_pcm_pipe(ckpt: str) -> None:
     )
     assert proc.returncode == 0 and len(proc.stdout) == stereo.nbytes
     bad = cli("--stream", "-", "-o", "x.wav", "--checkpoint", ckpt, stdin=pcm.tobytes())
-    assert bad.returncode == 1 and b"use -o -" in bad.stderr
+    assert bad.returncode == 2 and b"use -o -" in bad.stderr
+    huge = np.full(100, 3e38, "<f4").tobytes()  # finite, but not audio: NaN came out, with exit 0
+    bad = cli("--stream", "-", "-o", "-", "--pcm", "f32le", "--checkpoint", ckpt, stdin=huge)
+    assert bad.returncode == 1 and "beyond ±1000".encode() in bad.stderr
 
 
 def test_max_attenuation_flag_overrides_the_model(tmp_path: Path, ckpt: str) -> None:
@@ -484,9 +492,11 @@ def test_output_container_and_sample_format(tmp_path: Path, ckpt: str) -> None:
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
-        (["--chunk-seconds", "nan"], b"must be a positive number of seconds"),
-        (["--chunk-seconds", "inf"], b"must be a positive number of seconds"),
-        (["--chunk-seconds", "0"], b"must be a positive number of seconds"),
+        (["--chunk-seconds", "nan"], b"must be a number of seconds above 0"),
+        (["--chunk-seconds", "inf"], b"must be a number of seconds above 0"),
+        (["--chunk-seconds", "0"], b"must be a number of seconds above 0"),
+        (["--chunk-seconds", "1e306"], b"at most 3600"),  # was an OverflowError per file
+        (["--subtype", "bogus"], b"--subtype bogus: not a sample format"),  # was exit 1, per file
         (["--rate", "8000"], b"describe(s) the raw PCM pipe"),  # without --stream - -o -
         (["--stream", "--channels", "0"], b"must be from 1 to 64"),
         (["--stream", "--rate", "1"], b"must be from 1000 to 384000"),
@@ -652,3 +662,94 @@ def test_opus_output_at_a_rate_opus_cannot_take(tmp_path: Path, ckpt: str) -> No
     sf.write(src, noisy(0.3, 48000), 48000)
     assert cli(str(src), "-o", str(tmp_path / "a.opus"), "--checkpoint", ckpt, "--overwrite").returncode == 0
     assert sf.info(str(tmp_path / "a.opus")).subtype == "OPUS"
+
+
+def test_ogg_vorbis_output_above_200_khz_is_refused(tmp_path: Path, ckpt: str) -> None:
+    """libsndfile's Vorbis encoder crashes the process above 200 kHz: refused before anything is written."""
+    src = tmp_path / "a.wav"
+    sf.write(src, noisy(0.05, 256000), 256000)
+    proc = cli(str(src), "-o", str(tmp_path / "a.ogg"), "--checkpoint", ckpt)
+    assert proc.returncode == 1, proc.stderr.decode()
+    assert b"Ogg Vorbis takes audio up to 200 kHz" in proc.stderr and b"256000 Hz" in proc.stderr
+    assert list(tmp_path.iterdir()) == [src]
+    assert cli(str(src), "-o", str(tmp_path / "a.flac"), "--checkpoint", ckpt).returncode == 0
+
+
+def test_an_output_never_replaces_another_input(tmp_path: Path, ckpt: str) -> None:
+    """``a.wav a.enhanced.wav --overwrite``: a.wav's output is the second input; it was replaced, then enhanced
+    again."""
+    d = tmp_path / "x"
+    d.mkdir()
+    sf.write(d / "a.wav", noisy(0.3, 16000), 16000)
+    sf.write(d / "a.enhanced.wav", noisy(0.3, 8000, seed=1), 8000)
+    before = (d / "a.enhanced.wav").read_bytes()
+    proc = cli(str(d / "a.wav"), str(d / "a.enhanced.wav"), "--overwrite", "--checkpoint", ckpt)
+    assert proc.returncode == 2 and b"would overwrite another input" in proc.stderr, proc.stderr
+    assert (d / "a.enhanced.wav").read_bytes() == before
+    assert sorted(p.name for p in d.iterdir()) == ["a.enhanced.wav", "a.wav"]
+
+
+def test_several_inputs_into_an_existing_file_is_a_usage_error(tmp_path: Path, ckpt: str) -> None:
+    for name in ("a.wav", "b.wav"):
+        sf.write(tmp_path / name, noisy(0.3, 16000), 16000)
+    (tmp_path / "out.wav").write_bytes(b"keep")
+    proc = cli(
+        str(tmp_path / "a.wav"),
+        str(tmp_path / "b.wav"),
+        "-o",
+        str(tmp_path / "out.wav"),
+        "--checkpoint",
+        ckpt,
+    )
+    assert proc.returncode == 2 and b"need a folder" in proc.stderr, proc.stderr
+    assert (tmp_path / "out.wav").read_bytes() == b"keep"
+
+
+def test_pipe_inputs_name_their_outputs_without_reading_the_pipe(tmp_path: Path, ckpt: str) -> None:
+    """/dev/stdin (or <(...)) into a folder: the name is made without probing the pipe (the probe took its
+    header, and the enhancement then failed); beside the input there is no place to write."""
+    src = tmp_path / "a.flac"
+    sf.write(src, noisy(0.5, 16000), 16000, format="FLAC")
+    out = tmp_path / "out"
+    proc = cli("/dev/stdin", "-o", f"{out}/", "--checkpoint", ckpt, stdin=src.read_bytes())
+    assert proc.returncode == 0, proc.stderr.decode()
+    (made,) = list(out.iterdir())
+    assert made.name == "stdin.wav" and sf.info(str(made)).frames == sf.info(str(src)).frames
+    proc = cli("/dev/stdin", "--checkpoint", ckpt, stdin=src.read_bytes())
+    assert proc.returncode == 2 and b"a pipe has no folder to write beside" in proc.stderr
+
+
+def test_a_named_pipe_with_a_competition_map(tmp_path: Path, ckpt: str) -> None:
+    """The map's spectrogram read the input a second time: a named pipe then hung the run for good."""
+    src = tmp_path / "a.wav"
+    sf.write(src, noisy(0.5, 16000), 16000)
+    fifo = tmp_path / "fifo.wav"
+    os.mkfifo(fifo)
+    maps = tmp_path / "m.png"
+    args = [str(fifo), "-o", str(tmp_path / "o.wav"), "--competition-map", str(maps), "--checkpoint", ckpt]
+    proc = subprocess.Popen([sys.executable, "-m", "enhance.cli", *args], env=ENV, stderr=subprocess.PIPE)
+    with open(fifo, "wb") as f:
+        f.write(src.read_bytes())
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()
+    assert maps.read_bytes().startswith(b"\x89PNG")
+
+
+def test_special_outputs_are_written_in_place(tmp_path: Path, ckpt: str) -> None:
+    """/dev/stdout, /dev/null or a named pipe: written to, never replaced by a renamed temp file (a FIFO became a
+    regular file, and its reader waited for ever; /dev/stdout was "output exists")."""
+    src = tmp_path / "a.wav"
+    sf.write(src, noisy(0.5, 16000), 16000)
+    proc = cli(str(src), "-o", "/dev/stdout", "-q", "--checkpoint", ckpt)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert sf.info(io.BytesIO(proc.stdout)).frames == 8000  # WAV: the name says no format
+    fifo = tmp_path / "out.flac"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    proc = cli(str(src), "-o", str(fifo), "--overwrite", "--checkpoint", ckpt)
+    reader.join(timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert sf.info(io.BytesIO(got[0])).format == "FLAC"  # the name's format
