@@ -47,7 +47,16 @@ Errors are `{"type": "error", "code": "...", "error": "..."}` followed by close 
 size, NaN), 1008 (bad start message, API key, unknown model, too long) or 1013 (busy, loading).
 """
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-EXPOSED_HEADERS = ["X-Audio-Duration", "X-Processing-Seconds", "X-Model", "X-Sample-Rate", "X-Channels"]
+# the response headers a cross-origin page may read (beyond the CORS-safelisted ones)
+EXPOSED_HEADERS = [
+    "X-Audio-Duration",
+    "X-Processing-Seconds",
+    "X-Model",
+    "X-Sample-Rate",
+    "X-Channels",
+    "Content-Disposition",
+    "Retry-After",
+]
 
 
 class MetricsMiddleware:
@@ -141,7 +150,7 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
 
     if (STATIC_DIR / "index.html").is_file():
 
-        @app.get("/", include_in_schema=False)
+        @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
         async def index() -> FileResponse:
             return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import math
 import re
 
 import numpy as np
+import soundfile as sf
 
 from server.errors import ApiError
 
@@ -84,11 +86,15 @@ def encode_pcm(wav: np.ndarray, fmt: str) -> bytes:
     return x.astype("<f4").tobytes()
 
 
-def rms_dbfs(wav: np.ndarray) -> float | None:
-    """RMS level of all samples in dB relative to full scale (a full-scale sine is -3 dBFS); None for silence."""
-    if wav.size == 0:
-        return None
-    rms = float(np.sqrt(np.mean(np.square(wav, dtype=np.float64))))
+def file_rms_dbfs(data: bytes, block_frames: int = 1 << 16) -> float | None:
+    """RMS level of all samples (all channels) of an encoded file in dB relative to full scale (a full-scale sine
+    is -3 dBFS), read block by block in bounded memory; None for silence."""
+    total, count = 0.0, 0
+    with sf.SoundFile(io.BytesIO(data)) as f:
+        for block in f.blocks(blocksize=block_frames, dtype="float32", always_2d=True):
+            total += float(np.sum(np.square(block, dtype=np.float64)))
+            count += block.size
+    rms = math.sqrt(total / count) if count else 0.0
     return round(20.0 * math.log10(rms), 2) if rms > 0 else None
 
 

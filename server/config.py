@@ -25,6 +25,9 @@ class ServerConfig:
     max_upload_bytes: int = 50 * MB
     max_duration_s: float = 600.0  # per uploaded file
     max_channels: int = 8
+    # frames x channels per uploaded file (the encoded output is held in memory; 16-bit WAV: 2 bytes a sample).
+    # 10 minutes of 48 kHz stereo is 57.6 million, of 16 kHz 8-channel audio 76.8 million.
+    max_samples: int = 80_000_000
     max_concurrency: int = 2  # enhancements running at once; more wait in a short queue (below)
     # requests waiting for a slot, first come first served; beyond this many, or after queue_timeout_s of
     # waiting, 503 + Retry-After. Each waiting request holds its upload (up to max_upload_bytes) in memory.
@@ -48,6 +51,8 @@ class ServerConfig:
             raise ValueError("max_upload_bytes must be positive")
         if self.max_duration_s <= 0 or self.max_stream_s <= 0:
             raise ValueError("max_duration_s and max_stream_s must be positive")
+        if self.max_samples < 1:
+            raise ValueError("max_samples must be positive")
         if self.max_concurrency < 1 or self.max_streams < 0 or self.max_channels < 1:
             raise ValueError("max_concurrency and max_channels must be >= 1, max_streams >= 0")
         if min(self.request_timeout_s, self.upload_timeout_s, self.stream_idle_timeout_s) <= 0:

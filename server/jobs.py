@@ -9,6 +9,10 @@
   A request that gives up while still waiting leaves the queue and takes no slot.
 * On timeout the request gets 504 and the job is asked to stop: its ``cancel`` event is checked between blocks
   of audio (see :class:`Job`). The processing timeout counts from the moment the job has a slot.
+* A client that closes its connection while its request waits or runs gives the request up the same way
+  (:meth:`JobRunner.run_until_gone`): the servers under FastAPI do not cancel a handler when its client goes,
+  so the route watches for the disconnect itself. Without that, a browser that aborted a request (the web page
+  does when a new file is picked) would still hold a slot until the job ended.
 
 The slot bookkeeping (an :class:`asyncio.Semaphore` and two counters) is touched only on the event loop: worker
 threads hand the end of a job back to the loop through the job's asyncio future.
@@ -17,8 +21,9 @@ threads hand the end of a job back to the loop through the job's asyncio future.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -148,8 +153,34 @@ class JobRunner:
             job.cancel.set()
             raise
 
+    async def run_until_gone(self, fn: Callable[[Job], T], gone: Callable[[], Awaitable[None]]) -> T:
+        """:meth:`run`, given up as soon as ``gone()`` returns (the client closed its connection): a waiting
+        request leaves the queue, a running job is asked to stop, and the request ends with 499."""
+        task = asyncio.ensure_future(self.run(fn))
+        watcher = asyncio.ensure_future(gone())
+        try:
+            done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            watcher.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(
+            asyncio.CancelledError, Exception
+        ):  # its own end (a 504, ...) no longer matters
+            await task
+        raise client_gone_error()
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def client_gone_error() -> ApiError:
+    """499 (nginx's "client closed request"): nobody reads it, but the metrics count it apart from errors."""
+    return ApiError(499, "client_closed_request", "the client closed the connection")
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -49,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-upload-mb", type=float, default=50.0, help="largest accepted upload (MiB)")
     p.add_argument("--max-duration", type=float, default=600.0, help="longest accepted file (s)")
     p.add_argument("--max-channels", type=int, default=8)
+    p.add_argument(
+        "--max-samples",
+        type=float,
+        default=80e6,
+        help="most samples (frames x channels) in one file, e.g. 80e6: 10 min of 48 kHz stereo is 57.6e6",
+    )
     p.add_argument("--max-concurrency", type=int, default=2, help="enhancements at once (more wait)")
     p.add_argument(
         "--max-queue", type=int, default=16, help="requests waiting for a slot (more get 503; 0: no queue)"
@@ -103,6 +109,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_upload_bytes=int(args.max_upload_mb * MB),
         max_duration_s=args.max_duration,
         max_channels=args.max_channels,
+        max_samples=int(args.max_samples),
         max_concurrency=args.max_concurrency,
         max_queue=args.max_queue,
         queue_timeout_s=args.queue_timeout,

@@ -23,8 +23,8 @@ from server.schemas import (
     ModelsResponse,
     ReadyResponse,
 )
-from server.upload import UPLOAD_FIELD, Upload, read_upload
-from server.work import Limits, analyze_png, analyze_upload, enhance_upload, inspect_upload
+from server.upload import UPLOAD_FIELD, Upload, client_gone, read_upload
+from server.work import Limits, analyze_png, analyze_upload, check_output, enhance_upload, inspect_upload
 
 _BINARY = {"type": "string", "format": "binary"}
 AUDIO_REQUEST_BODY: dict[str, Any] = {
@@ -60,10 +60,11 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         401: "API key missing or wrong (only when the server has one)",
         404: "no loaded model of that name",
         406: "cannot produce the requested output format",
-        413: "upload or audio duration over the limit",
+        413: "upload, audio duration or samples (duration x channels x rate) over the limit",
         415: "Content-Type is not multipart/form-data, audio/* or application/octet-stream",
         422: "audio that cannot be enhanced: `unsupported_format` (not a container/codec the server reads: "
         "convert it, e.g. to WAV), `invalid_audio` (corrupt, zero-length, all-zero, NaN/inf samples), "
+        "`unsupported_output` (the output format cannot hold the input's rate: Ogg Vorbis above 200 kHz), "
         "or bad parameters",
         503: "model loading, or all enhancement slots busy and the wait queue full or too slow (see Retry-After)",
         504: "processing took longer than the request timeout",
@@ -84,7 +85,7 @@ v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 
 def _limits(request: Request) -> Limits:
     cfg = request.app.state.config
-    return Limits(cfg.max_duration_s, cfg.max_channels)
+    return Limits(cfg.max_duration_s, cfg.max_channels, cfg.max_samples)
 
 
 def _precheck(request: Request, model: str | None) -> LoadedModel:
@@ -143,10 +144,12 @@ async def enhance(
 ) -> Response:
     fmt = negotiate_audio_format(format.value if format else None, request.headers.get("accept"))
     lm, upload, name, limits, info = await _receive(request, model)
+    check_output(info, name, fmt)
     state = request.app.state
     t0 = time.perf_counter()
-    encoded, result = await state.jobs.run(
-        lambda job: enhance_upload(lm, upload.data, info, name, fmt, limits, job)
+    encoded, result = await state.jobs.run_until_gone(
+        lambda job: enhance_upload(lm, upload.data, info, name, fmt, limits, job),
+        lambda: client_gone(request),
     )
     elapsed = time.perf_counter() - t0
     state.metrics.audio_seconds.inc(result.duration_s, route="/v1/enhance")
@@ -196,11 +199,15 @@ async def analyze(
     t0 = time.perf_counter()
     headers = {"X-Model": lm.name, "X-Audio-Duration": f"{info.duration_s:.4f}"}
     if png:
-        image = await state.jobs.run(lambda job: analyze_png(lm, upload.data, info, name, limits, job))
+        image = await state.jobs.run_until_gone(
+            lambda job: analyze_png(lm, upload.data, info, name, limits, job), lambda: client_gone(request)
+        )
         state.metrics.audio_seconds.inc(info.duration_s, route="/v1/analyze")
         headers["X-Processing-Seconds"] = f"{time.perf_counter() - t0:.4f}"
         return Response(image, media_type="image/png", headers=headers)
-    body = await state.jobs.run(lambda job: analyze_upload(lm, upload.data, info, name, limits, job))
+    body = await state.jobs.run_until_gone(
+        lambda job: analyze_upload(lm, upload.data, info, name, limits, job), lambda: client_gone(request)
+    )
     state.metrics.audio_seconds.inc(body["duration_s"], route="/v1/analyze")
     headers["X-Processing-Seconds"] = f"{time.perf_counter() - t0:.4f}"
     return JSONResponse(body, headers=headers)

@@ -41,12 +41,13 @@ from fastapi import WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 from starlette.types import Message
 
-from enhance.audio_io import MODEL_RATE
+from enhance.audio_io import MAX_FLOAT_SAMPLE, MODEL_RATE
 from enhance.streaming import StreamingEnhancer
 from enhance.threads import inherit_threads
 from server.audio import decode_pcm, encode_pcm
 from server.auth import key_from_headers, key_matches
 from server.errors import ApiError
+from server.inbox import Inbox
 from server.metrics import Metrics
 from server.schemas import StreamReady, StreamStart
 
@@ -55,6 +56,7 @@ log = logging.getLogger("server")
 UNSUPPORTED_DATA, POLICY, TRY_LATER = 1003, 1008, 1013
 START_TIMEOUT_S = 10.0  # for the first message (no stream slot is held while it waits)
 INBOX_MESSAGES = 64  # messages read ahead of the model
+INBOX_BYTES = 4 * 1024 * 1024  # and the bytes they may hold (one larger frame still passes): see server.inbox
 MAX_BATCH_S = 1.0  # most audio enhanced in one model call when frames queued up
 
 
@@ -71,7 +73,6 @@ class StreamError(Exception):
 
 
 SOXR_QUALITY = {"high": "HQ", "low_latency": "LQ"}
-MAX_FLOAT_SAMPLE = 1000.0  # f32le beyond this is not audio (the STFT of 3e38 overflows to NaN)
 
 
 @functools.lru_cache(maxsize=64)
@@ -253,7 +254,7 @@ async def _serve(ws: WebSocket, start: StreamStart) -> str:
         engine_sample_rate=MODEL_RATE,
     )
     await ws.send_json(ready.model_dump())
-    inbox: asyncio.Queue[Message | StreamError] = asyncio.Queue(maxsize=INBOX_MESSAGES)
+    inbox: Inbox[Message | StreamError] = Inbox(INBOX_MESSAGES, INBOX_BYTES)
     reader = asyncio.create_task(_read_into(ws, inbox, cfg.stream_idle_timeout_s))
     try:
         return await _process(ws, inbox, session, limit, cfg.stream_idle_timeout_s)
@@ -261,7 +262,7 @@ async def _serve(ws: WebSocket, start: StreamStart) -> str:
         await _stop_reader(reader, inbox)
 
 
-async def _stop_reader(reader: asyncio.Task[None], inbox: asyncio.Queue[Message | StreamError]) -> None:
+async def _stop_reader(reader: asyncio.Task[None], inbox: Inbox[Message | StreamError]) -> None:
     """End the reader task whatever it is waiting on. Once the processing stopped (an error), the reader may be
     blocked putting into the full inbox, where nothing takes from it any more, or it may have lost the
     cancellation to a message that arrived at the same moment: so empty the inbox and cancel again until it has
@@ -275,7 +276,7 @@ async def _stop_reader(reader: asyncio.Task[None], inbox: asyncio.Queue[Message 
         reader.result()
 
 
-async def _read_into(ws: WebSocket, inbox: asyncio.Queue[Message | StreamError], idle_s: float) -> None:
+async def _read_into(ws: WebSocket, inbox: Inbox[Message | StreamError], idle_s: float) -> None:
     """Receive messages into ``inbox`` (bounded: a client far ahead of the model is throttled by TCP)."""
     while True:
         try:
@@ -305,13 +306,34 @@ def _decode(msg: Message, start: StreamStart) -> np.ndarray:
     return x
 
 
+async def _enhance_piece(ws: WebSocket, session: Session, x: np.ndarray, limit: int, idle_s: float) -> None:
+    """Enhance ``x`` and send what became final; at the stream's length limit, the audio up to the limit is
+    enhanced and sent in full (flushed), then the error."""
+    state = ws.app.state
+    start, metrics = session.start, state.metrics
+    n, room = x.shape[1], limit - session.received
+    last = n > room
+    if last:
+        x = x[:, :room]
+    y = await anyio.to_thread.run_sync(_in_worker, session.process_last if last else session.process, x)
+    metrics.audio_seconds.inc(x.shape[1] / start.sample_rate, route="/v1/stream")
+    if y.shape[1]:
+        await _send(ws, encode_pcm(y, start.format), idle_s)
+    if last:
+        raise StreamError(
+            "stream_too_long",
+            f"stream longer than {state.config.max_stream_s:g} s; the first "
+            f"{session.sent} samples per channel were enhanced and sent",
+            POLICY,
+        )
+
+
 async def _process(
-    ws: WebSocket, inbox: asyncio.Queue[Message | StreamError], session: Session, limit: int, idle_s: float
+    ws: WebSocket, inbox: Inbox[Message | StreamError], session: Session, limit: int, idle_s: float
 ) -> str:
     """Enhance the audio messages in order. Frames that queued up while the model ran are enhanced in one call
     (the engine gives the same samples for any split), so a stream that fell behind catches up."""
-    state = ws.app.state
-    start, metrics = session.start, state.metrics
+    start = session.start
     max_batch = int(MAX_BATCH_S * start.sample_rate)
     held: Message | StreamError | None = None
     while True:
@@ -332,22 +354,10 @@ async def _process(
                 pieces.append(_decode(nxt, start))
                 n += pieces[-1].shape[1]
             x = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=1)
-            room = limit - session.received
-            if n > room:  # the audio up to the limit is enhanced and sent in full (flushed), then the error
-                y = await anyio.to_thread.run_sync(_in_worker, session.process_last, x[:, :room])
-                metrics.audio_seconds.inc(room / start.sample_rate, route="/v1/stream")
-                if y.shape[1]:
-                    await _send(ws, encode_pcm(y, start.format), idle_s)
-                raise StreamError(
-                    "stream_too_long",
-                    f"stream longer than {state.config.max_stream_s:g} s; the first "
-                    f"{session.sent} samples per channel were enhanced and sent",
-                    POLICY,
-                )
-            y = await anyio.to_thread.run_sync(_in_worker, session.process, x)
-            metrics.audio_seconds.inc(n / start.sample_rate, route="/v1/stream")
-            if y.shape[1]:
-                await _send(ws, encode_pcm(y, start.format), idle_s)
+            # a large frame (up to 16 MiB: minutes of audio) in pieces of at most max_batch: the model's memory
+            # stays that of one piece, and the samples are the same for any split
+            for i in range(0, n, max_batch):
+                await _enhance_piece(ws, session, x[:, i : i + max_batch], limit, idle_s)
             continue
         try:
             message = json.loads(msg.get("text") or "")

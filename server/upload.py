@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from fastapi import Request
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import ClientDisconnect
 
 from server.errors import ApiError
+from server.jobs import client_gone_error
 
 MULTIPART_OVERHEAD = 64 * 1024  # boundaries and part headers on top of the file itself
 RAW_TYPES = ("application/octet-stream",)
@@ -64,6 +66,15 @@ async def read_upload(request: Request, limit: int, timeout_s: float) -> Upload:
         return await asyncio.wait_for(_read_upload(request, limit), timeout_s)
     except asyncio.TimeoutError:
         raise ApiError(408, "upload_timeout", f"the upload took longer than {timeout_s:g} s") from None
+    except ClientDisconnect:  # the client gave up mid-upload: not a server error
+        raise client_gone_error() from None
+
+
+async def client_gone(request: Request) -> None:
+    """Returns once the client has closed its connection (to be called after the body was read: the server then
+    answers ``receive`` only with the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _read_upload(request: Request, limit: int) -> Upload:

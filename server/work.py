@@ -6,7 +6,6 @@ They only call the project's APIs (``enhance.files.enhance_bytes``, ``enhance.au
 
 from __future__ import annotations
 
-import io
 import re
 import tempfile
 import threading
@@ -18,10 +17,10 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from enhance.audio_io import AudioError, AudioInfo, load_audio, read_info
+from enhance.audio_io import AudioError, AudioInfo, codec_rate_error, read_info
 from enhance.competition_map import entropy, frame_times, save_competition_map
 from enhance.files import FileResult, enhance_bytes
-from server.audio import OUTPUT_FORMATS, rms_dbfs
+from server.audio import OUTPUT_FORMATS, file_rms_dbfs
 from server.errors import ApiError, without_paths
 from server.jobs import Job
 from server.registry import LoadedModel
@@ -34,6 +33,9 @@ _PLOT_LOCK = threading.Lock()  # pyplot is not thread-safe
 class Limits:
     max_duration_s: float
     max_channels: int
+    # frames x channels: the encoded output is held in memory, and a small compressed upload can be hours of
+    # audio at a high rate, so duration, channels and upload bytes alone do not bound it
+    max_samples: int
 
 
 def _reason(exc: BaseException, name: str) -> str:
@@ -65,6 +67,13 @@ def inspect_upload(data: bytes, name: str, limits: Limits) -> AudioInfo:
             "audio_too_long",
             f"{name}: {info.duration_s:.1f} s of audio; the limit is {limits.max_duration_s:g} s",
         )
+    if info.frames * info.channels > limits.max_samples:
+        raise ApiError(
+            413,
+            "audio_too_large",
+            f"{name}: {info.frames * info.channels / 1e6:.1f} million samples ({info.duration_s:.1f} s x "
+            f"{info.channels} channels at {info.sample_rate} Hz); the limit is {limits.max_samples / 1e6:g} million",
+        )
     return info
 
 
@@ -81,8 +90,11 @@ def _enhance(
     with_competition: bool,
 ) -> tuple[bytes, FileResult]:
     seen = 0
-    # headers can lie about the length: stop once the decoded audio passes the limit (one block of slack)
-    max_frames = (limits.max_duration_s + 10.0) * info.sample_rate
+    # headers can lie about the length: stop once the decoded audio passes a limit (one block of slack)
+    slack = 10.0 * info.sample_rate
+    max_frames = (
+        min(limits.max_duration_s * info.sample_rate, limits.max_samples / max(1, info.channels)) + slack
+    )
 
     def progress(frames: int) -> None:
         nonlocal seen
@@ -107,10 +119,22 @@ def _enhance(
         raise ApiError(422, "invalid_audio", _reason(exc, name)) from None
 
 
+def check_output(info: AudioInfo, name: str, fmt: str) -> None:
+    """Refuse an output format that cannot hold the input's rate (422), before anything runs."""
+    problem = codec_rate_error(OUTPUT_FORMATS[fmt][0], None, info.sample_rate)
+    if problem:
+        raise ApiError(
+            422,
+            "unsupported_output",
+            f"{name}: {problem} (the output keeps the input's rate): ask for format=flac or wav",
+        )
+
+
 def enhance_upload(
     lm: LoadedModel, data: bytes, info: AudioInfo, name: str, fmt: str, limits: Limits, job: Job
 ) -> tuple[bytes, FileResult]:
-    """Enhanced file in ``fmt`` (a key of OUTPUT_FORMATS) at the input's rate, channels and length."""
+    """Enhanced file in ``fmt`` (a key of OUTPUT_FORMATS, checked by :func:`check_output`) at the input's rate,
+    channels and length."""
     return _enhance(
         lm,
         data,
@@ -154,8 +178,6 @@ def analyze_upload(
     t0 = time.perf_counter()
     encoded, result = _enhance_with_maps(lm, data, info, name, job, limits)
     job.check()
-    wav_in, _ = load_audio(data)
-    wav_out, _ = sf.read(io.BytesIO(encoded), dtype="float32", always_2d=True)
     maps = result.competition or []
     stft = lm.checkpoint.config.stft
     n_frames = maps[0].shape[1] if maps else 0
@@ -169,8 +191,8 @@ def analyze_upload(
         "hop_s": stft.hop_length / stft.sample_rate,
         "frame_times": [round(float(t), 4) for t in frame_times(n_frames, stft.hop_length, stft.sample_rate)],
         "blocks": [_block_summary(b, m) for b, m in zip(lm.competition_blocks, maps, strict=True)],
-        "input_rms_dbfs": rms_dbfs(wav_in),
-        "output_rms_dbfs": rms_dbfs(wav_out),
+        "input_rms_dbfs": file_rms_dbfs(data),  # block by block: no float copy of either file
+        "output_rms_dbfs": file_rms_dbfs(encoded),
         "processing_seconds": round(time.perf_counter() - t0, 4),
     }
 

@@ -63,6 +63,7 @@ def server(checkpoint: Path):
         threads=1,
         max_upload_bytes=1 * MB,
         max_duration_s=12.0,
+        max_samples=400_000,
         max_concurrency=2,
         queue_timeout_s=60.0,
         max_streams=4,
@@ -212,9 +213,9 @@ def test_enhance_with_a_named_model(client: httpx.Client) -> None:
     assert resp.status_code == 200 and resp.headers["X-Model"] == "second"
 
 
-def _nan_wav() -> bytes:
+def _nan_wav(value: float = np.nan) -> bytes:
     x = noisy(0.5)
-    x[100] = np.nan
+    x[100] = value
     return wav_bytes(x, 16000, subtype="FLOAT")
 
 
@@ -247,6 +248,10 @@ BAD_INPUTS = [
         "invalid_audio",
     ),
     ("NaN samples", {"content": _nan_wav()}, "", 422, "invalid_audio"),
+    # finite, but not audio: 3e38 came back as NaN in WAV and as a 500 in FLAC
+    ("huge float samples", {"content": _nan_wav(3e38)}, "", 422, "invalid_audio"),
+    # 3.5 s is within the duration limit, but 8 channels of it are more samples than the budget (400k)
+    ("too many samples", {"content": wav_bytes(noisy(3.5, 16000, 8), 16000)}, "", 413, "audio_too_large"),
     ("too long", {"content": wav_bytes(noisy(13.0, 8000), 8000)}, "", 413, "audio_too_long"),
     ("too large", {"content": b"\x00" * (MB + 10), "headers": {"Content-Type": WAV}}, "", 413, None),
     ("too large, chunked", {"content": [b"\x00" * 65536] * 17}, "", 413, "payload_too_large"),
@@ -289,6 +294,19 @@ def test_bad_input_is_a_structured_4xx(
         assert "0x" not in err["message"]  # no object reprs
         if err["code"] == "payload_too_large":
             assert "limit of 1 MiB (1048576 bytes)" in err["message"], err
+
+
+def test_ogg_output_above_200_khz_is_refused_and_the_server_lives(client: httpx.Client) -> None:
+    """libsndfile's Vorbis encoder crashed the whole server (SIGSEGV) on audio above 200 kHz."""
+    body = {"content": wav_bytes(noisy(0.05, 256000), 256000), "headers": {"Content-Type": WAV}}
+    err = _error(client.post("/v1/enhance?format=ogg", **body), 422, "unsupported_output")
+    assert "256000 Hz" in err["message"] and "flac" in err["message"]
+    assert client.get("/healthz").status_code == 200
+    flac = client.post("/v1/enhance?format=flac", **body)
+    assert flac.status_code == 200 and _decoded(flac.content).shape == (int(0.05 * 256000), 1)
+    at_200k = {"content": wav_bytes(noisy(0.05, 200000), 200000), "headers": {"Content-Type": WAV}}
+    ogg = client.post("/v1/enhance?format=ogg", **at_200k)
+    assert ogg.status_code == 200 and sf.info(io.BytesIO(ogg.content)).samplerate == 200000
 
 
 def test_unknown_routes_and_methods_are_json(client: httpx.Client) -> None:
@@ -371,21 +389,38 @@ def _stream(server: RunningServer, pcm: bytes, start: dict[str, Any], sizes: lis
     return b"".join(out), done
 
 
+ODD_FRAMES = (7, 1000, 1, 333, 4097)
+# frames longer than the 1 s the server enhances in one call: it splits them (same samples, bounded memory)
+LONG_FRAMES = (40000, 7, 19000)
+
+
 @pytest.mark.parametrize(
-    ("rate", "channels", "fmt"),
-    [(16000, 1, "s16le"), (44100, 2, "s16le"), (16000, 2, "f32le"), (8000, 1, "f32le")],
+    ("rate", "channels", "fmt", "seconds", "frames"),
+    [
+        (16000, 1, "s16le", 1.3, ODD_FRAMES),
+        (44100, 2, "s16le", 1.3, ODD_FRAMES),
+        (16000, 2, "f32le", 1.3, ODD_FRAMES),
+        (8000, 1, "f32le", 1.3, ODD_FRAMES),
+        (16000, 1, "f32le", 4.3, LONG_FRAMES),
+    ],
 )
 def test_stream_equals_offline(
-    server: RunningServer, model: Enhancer, rate: int, channels: int, fmt: str
+    server: RunningServer,
+    model: Enhancer,
+    rate: int,
+    channels: int,
+    fmt: str,
+    seconds: float,
+    frames: tuple[int, ...],
 ) -> None:
-    x = noisy(1.3, rate, channels, seed=3)
+    x = noisy(seconds, rate, channels, seed=3)
     width = channels * (2 if fmt == "s16le" else 4)
     if fmt == "s16le":
         x = _quantized(x)
         pcm = np.round(x * 32768).astype("<i2").tobytes()
     else:
         pcm = x.astype("<f4").tobytes()
-    sizes = [width * n for n in (7, 1000, 1, 333, 4097)]  # odd frame sizes
+    sizes = [width * n for n in frames]  # samples per frame
     out, done = _stream(server, pcm, {"sample_rate": rate, "channels": channels, "format": fmt}, sizes)
     assert done == {"type": "done", "samples": x.shape[0]}
     if fmt == "s16le":
@@ -729,6 +764,71 @@ def test_full_slots_give_503_with_retry_after(checkpoint: Path, bound: str) -> N
         with srv.client() as c:
             reason = "busy" if bound == "no queue" else "queue_timeout"
             assert _metric(c.get("/metrics").text, "tim_rejections_total", reason=reason) == 2
+
+
+def _raw_post(srv: RunningServer, body: bytes, send: int | None = None) -> socket.socket:
+    """An HTTP request on a bare socket (closed by the caller whenever it likes): ``send`` bytes of the body."""
+    sock = socket.create_connection(("127.0.0.1", srv.port))
+    head = (
+        f"POST /v1/enhance HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {WAV}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body[: len(body) if send is None else send])
+    return sock
+
+
+def test_a_client_that_goes_away_gives_up_its_place(checkpoint: Path) -> None:
+    """The servers under FastAPI do not cancel a request when its client disconnects: the routes watch for it.
+    A request whose client went while it was queued leaves the queue, and a running job is stopped, not
+    finished (the web page aborts its earlier requests when a new file is picked)."""
+    gate = threading.Event()
+    config = ServerConfig(
+        checkpoints=(str(checkpoint),), threads=1, max_concurrency=1, max_queue=4, queue_timeout_s=60.0
+    )
+    body = wav_bytes(noisy(0.5), 16000)
+    with run_server(config, loader=_gated_loader(gate)) as srv, srv.client() as c:
+        jobs = srv.app.state.jobs
+        try:
+            running = _raw_post(srv, body)
+            _until(lambda: jobs.running == 1)
+            queued = _raw_post(srv, body)
+            _until(lambda: jobs.waiting == 1)
+            queued.close()
+            _until(lambda: jobs.waiting == 0)
+            assert jobs.running == 1
+            running.close()
+            gone = {"reason": "client_closed_request"}
+            _until(lambda: _metric(c.get("/metrics").text, "tim_rejections_total", **gone) == 2)
+        finally:
+            gate.set()
+        _until(lambda: jobs.running == 0)
+        text = c.get("/metrics").text
+        # the running job was stopped at its first check, before its result: no audio counted as enhanced
+        assert _metric(text, "tim_audio_seconds_processed_total", route="/v1/enhance") == 0
+        counts = {"route": "/v1/enhance", "method": "POST"}
+        assert _metric(text, "tim_http_requests_total", **counts, status="499") == 2
+        assert _post(srv).status_code == 200  # and the slot serves the next request
+
+
+def test_an_aborted_upload_is_not_a_server_error(server: RunningServer, client: httpx.Client) -> None:
+    labels = {"route": "/v1/enhance", "method": "POST"}  # in the metric's label order; status comes last
+    before = client.get("/metrics").text
+    sock = _raw_post(server, wav_bytes(noisy(0.5), 16000), send=1000)
+    sock.close()
+    gone = {"reason": "client_closed_request"}
+    _until(
+        lambda: (
+            _metric(client.get("/metrics").text, "tim_rejections_total", **gone)
+            > _metric(before, "tim_rejections_total", **gone)
+        )
+    )
+    after = client.get("/metrics").text
+    assert _metric(after, "tim_http_requests_total", **labels, status="500") == _metric(
+        before, "tim_http_requests_total", **labels, status="500"
+    )
+    assert _metric(after, "tim_http_requests_total", **labels, status="499") == 1 + _metric(
+        before, "tim_http_requests_total", **labels, status="499"
+    )
 
 
 def test_job_runner_releases_slots_when_requests_give_up() -> None:
