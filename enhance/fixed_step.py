@@ -43,9 +43,14 @@ class FixedStepper:
     The host works on float32 CPU tensors in place (the per-hop cost of a real-time stream is mostly fixed costs)."""
 
     max_frames = 1
+    # True where run() executes a copy made when the stepper was built (traced, exported): the model's attenuation
+    # limit is then baked in, and a later Enhancer.set_max_attenuation would silently not apply
+    limit_baked_in = False
 
     def __init__(self, model: Enhancer) -> None:
         self.static = StaticStep(model)  # raises for a model it does not cover
+        self.model = model
+        self.built_limit = model.cfg.max_attenuation_db
         self.n_bins = model.cfg.pre_encoder.n_bins
         self.n_maps = len(model.competition_blocks)
         self.context = model.cfg.context_frames
@@ -106,6 +111,12 @@ class FixedStepper:
         final: bool = False,
         return_competition: bool = False,
     ) -> tuple[EnhancerOutput, FixedState]:
+        if self.limit_baked_in and self.model.cfg.max_attenuation_db != self.built_limit:
+            raise ValueError(
+                f"this {type(self).__name__} was built with the model's attenuation limit "
+                f"({_db(self.built_limit)}), and the model's is now {_db(self.model.cfg.max_attenuation_db)}: "
+                "build a new backend (enhance.backends.streaming_backend) after set_max_attenuation"
+            )
         x = feats.detach().to("cpu", torch.float32)
         state = state or self.new_state(x.shape[0])
         if final and (state.started or x.shape[1]):  # the end's zero padding
@@ -137,11 +148,16 @@ class FixedStepper:
         return EnhancerOutput(log_mag, competition), state
 
 
+def _db(limit: float | None) -> str:
+    return "none" if limit is None else f"{limit:g} dB"
+
+
 class TracedStepper(FixedStepper):
     """The step traced with TorchScript, frozen and optimised for inference (CPU, float32); any number of frames
     per call (tested equal for 1 ... ``max_frames``)."""
 
     max_frames = 64
+    limit_baked_in = True
 
     def __init__(self, model: Enhancer) -> None:
         super().__init__(model)

@@ -137,6 +137,7 @@ class OnnxStepper(FixedStepper):
     per-hop stream (the ``onnxruntime`` backends of :mod:`enhance.backends` use both)."""
 
     max_frames = 64
+    limit_baked_in = True  # the exported graph holds the limit of the model it was exported from
 
     def __init__(
         self,

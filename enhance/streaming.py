@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from enhance.audio_io import MAX_CHANNELS, sample_layout_error
+from enhance.audio_io import MAX_CHANNELS, sample_layout_error, sample_value_error
 from enhance.stft import analysis_frames, apply_magnitude, log_magnitude, overlap_add, synthesis_frames
 from models.enhancer import Enhancer
 
@@ -107,8 +107,9 @@ class StreamingEnhancer:
             raise ValueError(sample_layout_error(chunk, f"[{st.channels}, n]"))
         if chunk.ndim != 2 or chunk.shape[0] != st.channels:
             raise ValueError(f"expected [{st.channels}, n] samples, got {tuple(chunk.shape)}")
-        if not np.isfinite(chunk).all():
-            raise ValueError("chunk contains NaN or infinite samples")
+        problem = sample_value_error(chunk)  # before the cast: 1e39 in float64 is inf in float32
+        if problem:
+            raise ValueError(f"chunk: {problem}")
         st.buffer = np.concatenate([st.buffer, chunk.astype(np.float32, copy=False)], axis=1)
         st.received += chunk.shape[1]
         return self._advance(final=False)
@@ -116,8 +117,9 @@ class StreamingEnhancer:
     def flush(self) -> np.ndarray:
         """End of stream: the remaining samples. The engine is reset and can take a new stream."""
         st = self.state
-        if st.received == 0:
-            self.reset()
+        if st.received == 0:  # nothing since the last flush: the competition of that stream stays readable
+            self.state = self._new_state()
+            self.last_competition = []
             return np.zeros((self.channels, 0), np.float32)
         n_frames = self.cfg.n_frames(st.received)
         # the offline framing pads the end with zeros up to the last frame

@@ -98,9 +98,9 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.devi
     meta = read_metadata(path)
     try:
         cfg = from_dict(EnhancerConfig, meta["config"])
-    except (ValueError, TypeError) as exc:
-        raise CheckpointError(f"{path}: config not understood: {exc}") from None
-    model = Enhancer(cfg)
+        model = Enhancer(cfg)
+    except Exception as exc:  # a hand-edited config can fail deep in a layer (IndexError, ZeroDivisionError)
+        raise CheckpointError(f"{path}: config not understood: {type(exc).__name__}: {exc}") from None
     try:
         tensors = safetensors.torch.load_file(str(path), device=str(map_location))
     except Exception as exc:
@@ -129,6 +129,9 @@ def load_state_strict(model: torch.nn.Module, tensors: dict[str, torch.Tensor], 
         )
     if problems:
         raise CheckpointError(f"{where}: weights do not match the model: " + "; ".join(problems))
+    bad = sorted(k for k, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
+    if bad:  # a diverged run, or damaged bytes: every output sample would be NaN
+        raise CheckpointError(f"{where}: NaN or infinite weights in {_few(bad)}")
     model.load_state_dict(tensors, strict=True)
 
 

@@ -52,6 +52,10 @@ class EnhancerConfig:
     def __post_init__(self) -> None:
         if self.output not in OUTPUT_MODES:
             raise ValueError(f"output must be one of {OUTPUT_MODES}, got {self.output!r}")
+        if self.max_attenuation_db is not None and not self.max_attenuation_db >= 0:  # as set_max_attenuation
+            raise ValueError(
+                f"max_attenuation_db must be at least 0 dB (or None for no limit), got {self.max_attenuation_db}"
+            )
         if self.pre_encoder.n_bins != self.stft.n_bins:
             raise ValueError(f"pre_encoder.n_bins {self.pre_encoder.n_bins} != STFT bins {self.stft.n_bins}")
         if self.standard.d_model != self.pre_encoder.d_model:

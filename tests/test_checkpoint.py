@@ -116,3 +116,50 @@ def test_checkpoint_file_gets_normal_permissions(tmp_path: Path) -> None:
     finally:
         os.umask(mask)
     assert stat.S_IMODE((tmp_path / "m.safetensors").stat().st_mode) == 0o644
+
+
+def test_nan_weights_are_refused_naming_the_key(tmp_path: Path) -> None:
+    """A diverged run (or damaged bytes) loaded without error, and every enhanced sample was NaN."""
+    weights = Enhancer(get_config("tiny")).state_dict()
+    weights["head.bias"] = weights["head.bias"].clone()
+    weights["head.bias"][3] = float("nan")
+    path = tmp_path / "nan.safetensors"
+    _forge(path, "tiny", weights)
+    with pytest.raises(CheckpointError, match=r"NaN or infinite weights in 'head\.bias'"):
+        load_checkpoint(path)
+
+
+def _forge_config(path: Path, edit: dict[str, object]) -> None:
+    """A tiny checkpoint whose stored config has top-level or one-level-deep fields replaced ("a.b": value)."""
+    torch.manual_seed(0)
+    save_checkpoint(path, Enhancer(get_config("tiny")), "tiny")
+    with safetensors.safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iteration)
+    config = json.loads(meta["config"])
+    for key, value in edit.items():
+        *outer, last = key.split(".")
+        target = config
+        for part in outer:
+            target = target[part]
+        target[last] = value
+    meta["config"] = json.dumps(config)
+    safetensors.torch.save_file(tensors, str(path), metadata=meta)
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        ({"pre_encoder.channels": []}, "IndexError"),  # failed inside the pre-encoder's constructor
+        ({"tim.inter_heads": 0}, "ZeroDivisionError"),
+        ({"max_attenuation_db": -20.0}, "at least 0 dB"),  # would amplify by 20 dB
+        ({"max_attenuation_db": float("nan")}, "at least 0 dB"),  # would give NaN samples
+    ],
+)
+def test_a_config_that_cannot_be_built_is_a_checkpoint_error(
+    tmp_path: Path, edit: dict[str, object], says: str
+) -> None:
+    path = tmp_path / "edited.safetensors"
+    _forge_config(path, edit)
+    with pytest.raises(CheckpointError, match=f"config not understood.*{says}"):
+        load_checkpoint(path)

@@ -157,7 +157,13 @@ def test_flush_resets_for_the_next_stream() -> None:
     a = np.concatenate([engine.process(x), engine.flush()], axis=1)
     b = np.concatenate([engine.process(x), engine.flush()], axis=1)
     assert np.array_equal(a, b)
-    assert engine.flush().shape == (1, 0)
+    engine = StreamingEnhancer(model, with_competition=True)
+    engine.process(x)
+    engine.flush()
+    maps = engine.competition()
+    assert maps and maps[0].shape[1] == 7  # ceil(1500 / 256) + 1 frames
+    assert engine.flush().shape == (1, 0)  # a second flush: nothing, and the last stream's maps stay readable
+    assert all(np.array_equal(m, n) for m, n in zip(engine.competition(), maps, strict=True))
 
 
 def test_bad_chunks_are_refused() -> None:
@@ -170,6 +176,10 @@ def test_bad_chunks_are_refused() -> None:
         engine.process(bad)
     with pytest.raises(ValueError, match="integer PCM: divide by 32768"):
         engine.process(np.zeros((2, 10), np.int16))
+    huge = np.zeros((2, 10))
+    huge[0, 2] = 1e39  # finite in float64, inf once cast to float32: NaN to the end of the stream
+    with pytest.raises(ValueError, match="1 sample\\(s\\) beyond ±1000"):
+        engine.process(huge)
     assert engine.state.received == 0  # nothing refused was taken in
     assert engine.process(torch.zeros(2, 300)).shape[0] == 2  # a tensor is taken as an array
     with pytest.raises(ValueError, match="channels must be an integer from 1 to 64"):
@@ -286,6 +296,22 @@ def test_torchscript_backend_equals_pytorch(name: str) -> None:
     assert np.abs(y - ref.wav).max() < 1e-5
     if ref.competition:
         assert np.abs(engine.competition()[0] - ref.competition[0]).max() < 1e-5
+
+
+def test_traced_backend_refuses_a_changed_attenuation_limit() -> None:
+    """The traced step holds the limit it was built with: a later set_max_attenuation silently did not apply."""
+    from enhance.fixed_step import TracedStepper
+
+    model = _model("tiny")
+    backend = TracedStepper(model)
+    x = (np.random.default_rng(2).standard_normal((1, 1000)) * 0.1).astype(np.float32)
+    StreamingEnhancer(model, backend=backend).process(x)
+    model.set_max_attenuation(6.0)
+    with pytest.raises(ValueError, match=r"built with the model's attenuation limit \(none\).*now 6 dB"):
+        StreamingEnhancer(model, backend=backend).process(x)
+    fresh = StreamingEnhancer(model, backend=TracedStepper(model))
+    y = np.concatenate([fresh.process(x), fresh.flush()], axis=1)
+    assert np.abs(y - enhance_waveform(model, x).wav).max() < 1e-5
 
 
 @pytest.mark.parametrize("backend", ["torchscript", "onnxruntime"])
