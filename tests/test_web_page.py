@@ -221,3 +221,75 @@ def test_a_fixed_api_key_clears_the_error(tmp_path: Path) -> None:
         assert b.status() == "Choose a file to start."
         assert b.upload(audio) == "done", b.status()
         assert not b.errors, b.errors
+
+
+def test_a_file_the_browser_cannot_decode_still_shows_what_it_can(tmp_path: Path) -> None:
+    """AIFF: the server reads it, Chromium does not. Both spectrograms were left blank with no word why, and the
+    failed decode was an uncaught page error."""
+    import soundfile as sf
+
+    ck = tiny_checkpoint(tmp_path / "tiny.safetensors")
+    audio = tmp_path / "take.aiff"
+    sf.write(audio, noisy(1.0, 16000, 1), 16000, format="AIFF")
+    with run_server(ServerConfig(checkpoints=(str(ck),), threads=1)) as srv, browser_on(srv) as b:
+        b.page.goto(srv.url + "/")
+        b.page.wait_for_function(MODELS_LISTED, timeout=20000)
+        assert b.upload(audio) == "done", b.status()
+        assert "cannot decode the input" in b.status(), b.status()
+        assert b.page.evaluate(NON_BLANK, "enhanced-spectrogram") > 0.2  # the WAV the server sent back
+        assert b.page.evaluate(NON_BLANK, "noisy-spectrogram") == 0
+        assert b.page.evaluate(NON_BLANK, "competition-canvas") > 0.2
+        assert not b.errors, b.errors
+
+
+def test_a_page_opened_while_the_model_loads_lists_it_once_loaded(tmp_path: Path) -> None:
+    """The models list's 503 model_loading stayed on screen as an error, and the list empty, for good."""
+    import threading
+
+    from server.registry import load_models
+
+    ck = tiny_checkpoint(tmp_path / "tiny.safetensors")
+    release = threading.Event()
+
+    def slow_loader(config: ServerConfig) -> Any:
+        assert release.wait(60)
+        return load_models(config)
+
+    config = ServerConfig(checkpoints=(str(ck),), threads=1, retry_after_s=1)
+    with run_server(config, loader=slow_loader, wait_ready=False) as srv, browser_on(srv) as b:
+        b.page.goto(srv.url + "/")
+        b.page.wait_for_function(
+            "document.getElementById('status').textContent.includes('loading')", timeout=20000
+        )
+        assert b.page.evaluate("document.body.dataset.state") == "idle"
+        release.set()
+        b.page.wait_for_function(MODELS_LISTED, timeout=30000)
+        assert b.status() == "Choose a file to start."
+        assert not b.errors, b.errors
+
+
+def test_both_requests_of_a_run_use_the_model_chosen_when_it_started(tmp_path: Path) -> None:
+    """Each request read the menu when it was sent: a model picked mid-run gave one model's audio beside another
+    model's maps."""
+    ck = tiny_checkpoint(tmp_path / "tiny.safetensors")
+    audio = tmp_path / "a.wav"
+    audio.write_bytes(wav_bytes(noisy(1.0, 16000, 1), 16000))
+    config = ServerConfig(checkpoints=(str(ck), f"other={ck}"), threads=1)
+    with run_server(config) as srv, browser_on(srv) as b:
+        page = b.page
+        held: list[Any] = []
+        page.route("**/v1/enhance*", lambda route: held.append(route))
+        page.goto(srv.url + "/")
+        page.wait_for_function(MODELS_LISTED, timeout=20000)
+        assert page.locator("#model-select").input_value() == "tiny"
+        page.set_input_files("#file-input", str(audio))
+        page.wait_for_function("document.body.dataset.state === 'working'", timeout=10000)
+        page.wait_for_timeout(300)
+        assert len(held) == 1
+        page.select_option("#model-select", "other")  # changed while the enhancement runs
+        held[0].continue_()
+        page.wait_for_function(ENDED, timeout=60000, polling=100)
+        assert page.evaluate("document.body.dataset.state") == "done", b.status()
+        assert [url.split("model=")[-1] for url in b.posts] == ["tiny", "tiny"], b.posts
+        assert "Model tiny" in page.locator("#analysis-summary").inner_text()
+        assert not b.errors, b.errors

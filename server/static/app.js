@@ -5,10 +5,14 @@
 
 const $ = (id) => document.getElementById(id);
 const SPEC_RATE = 16000, FFT_SIZE = 512, HOP = 256, MAX_COLUMNS = 2400;
+// what the browser converts to WAV at, for files the server cannot read and for recordings: the model runs at
+// 16 kHz, so a higher rate gains nothing (the output is band-limited to 8 kHz), and 48 kHz made the WAV 3x larger
+const CONVERT_RATE = 16000;
 let objectUrls = [];
 let recorder = null;
 let runAbort = null;  // the run in progress; a newer run aborts it: its requests, and it stops at its next await
 const READY_TEXT = "Choose a file to start.";
+const LOADING_TEXT = "The server is loading its model; the list follows when it is ready…";
 
 function setState(state, message) {
   document.body.dataset.state = state;
@@ -38,19 +42,24 @@ async function errorCode(resp) {
   try { return (await resp.clone().json()).error.code; } catch (_) { return null; }
 }
 
-// POST with one retry loop on 503 (busy / loading), honouring Retry-After. `signal` aborts it (a newer run).
-async function post(path, blob, name, signal) {
+function retryAfter(resp) {
+  return Math.min(10, Number(resp.headers.get("Retry-After")) || 1);
+}
+
+// POST with one retry loop on 503 (busy / loading), honouring Retry-After. `model`: the one chosen when the run
+// started (both of a run's requests use it, whatever the menu says later). `signal` aborts it (a newer run).
+async function post(path, blob, name, model, signal) {
+  const url = model ? `${path}${path.includes("?") ? "&" : "?"}model=${encodeURIComponent(model)}` : path;
   for (let attempt = 0; ; attempt++) {
     const form = new FormData();
     form.append("file", blob, name);
-    const model = $("model-select").value;
-    const url = model ? `${path}${path.includes("?") ? "&" : "?"}model=${encodeURIComponent(model)}` : path;
     const resp = await fetch(url, { method: "POST", body: form, headers: authHeaders(), signal });
     if (resp.status !== 503 || attempt >= 4) return resp;
-    const wait = Math.min(10, Number(resp.headers.get("Retry-After")) || 1);
+    const wait = retryAfter(resp), before = $("status").textContent;
     setState("working", `Server busy, retrying in ${wait} s…`);
     await new Promise((r) => setTimeout(r, wait * 1000));
     signal.throwIfAborted();
+    setState("working", before);  // the run's own status again, not "busy" through the retried request
   }
 }
 
@@ -152,15 +161,19 @@ function paintSpectrogram(canvas, spec, top) {
   ctx.drawImage(img, 0, 0, canvas.width, canvas.height);
 }
 
-// Both on one dB scale (the noisy input's peak = top of the colour map), so they can be compared.
+// Both on one dB scale (the noisy input's peak = top of the colour map), so they can be compared. Each is drawn
+// if this browser decodes it (the server reads AIFF and AU, Chromium does not); returns a note for the status
+// naming what could not be drawn ("" when both were).
 async function drawSpectrograms(noisyBlob, enhancedBlob, isCurrent) {
-  const [noisy, enhanced] = await Promise.all([decode(noisyBlob, SPEC_RATE), decode(enhancedBlob, SPEC_RATE)]);
-  if (!isCurrent()) return;
-  const a = spectrogram(noisy.getChannelData(0)), b = spectrogram(enhanced.getChannelData(0));
+  const decoded = await Promise.allSettled([decode(noisyBlob, SPEC_RATE), decode(enhancedBlob, SPEC_RATE)]);
+  if (!isCurrent()) return "";
+  const [a, b] = decoded.map((d) => (d.status === "fulfilled" ? spectrogram(d.value.getChannelData(0)) : null));
   let top = -Infinity;
-  for (const v of a.db) top = Math.max(top, v);
-  paintSpectrogram($("noisy-spectrogram"), a, top);
-  paintSpectrogram($("enhanced-spectrogram"), b, top);
+  for (const v of (a || b || { db: [] }).db) top = Math.max(top, v);
+  if (a) paintSpectrogram($("noisy-spectrogram"), a, top);
+  if (b) paintSpectrogram($("enhanced-spectrogram"), b, top);
+  const missing = [a ? "" : "input", b ? "" : "output"].filter(Boolean);
+  return missing.length ? ` This browser cannot decode the ${missing.join(" or ")}: no spectrogram (nor playback) of it.` : "";
 }
 
 // ---------- competition maps ----------
@@ -234,24 +247,31 @@ async function run(blob, name) {
   clearResults();
   setState("working", `Enhancing ${name}…`);
   $("noisy-audio").src = keepUrl(blob);
+  const model = $("model-select").value;
+  let converted = false;
   try {
-    let resp = await post("v1/enhance?format=wav", blob, name, abort.signal);
+    let resp = await post("v1/enhance?format=wav", blob, name, model, abort.signal);
     check();
     // a container or codec libsndfile cannot read (m4a, webm, mp3 on old libsndfile): the browser may decode it
     if (resp.status === 422 && (await errorCode(resp)) === "unsupported_format") {
       check();
       let wav = null;
-      try { wav = encodeWav(await decode(blob, 48000)); } catch (_) { /* keep the server's answer */ }
+      try { wav = encodeWav(await decode(blob, CONVERT_RATE)); } catch (_) { /* keep the server's answer */ }
       check();
       if (wav) {
         blob = wav;
         name = name.replace(/\.[^.]*$/, "") + ".wav";
+        converted = true;
         $("noisy-audio").src = keepUrl(blob);
-        resp = await post("v1/enhance?format=wav", blob, name, abort.signal);
+        resp = await post("v1/enhance?format=wav", blob, name, model, abort.signal);
         check();
       }
     }
-    if (!resp.ok) throw new Error(await errorText(resp));
+    if (!resp.ok) {
+      const why = await errorText(resp);
+      const size = `${(blob.size / 2 ** 20).toFixed(1)} MiB`;
+      throw new Error(converted ? `${why} (the server could not read the file, so this browser converted it to a ${size} WAV)` : why);
+    }
     const seconds = resp.headers.get("X-Processing-Seconds");
     const enhanced = await resp.blob();
     check();
@@ -260,17 +280,21 @@ async function run(blob, name) {
     const link = $("download-link");
     link.href = url; link.download = name.replace(/\.[^.]*$/, "") + ".enhanced.wav"; link.hidden = false;
     setState("working", `Enhanced in ${seconds} s; analysing…`);
-    const spectra = drawSpectrograms(blob, enhanced, isCurrent);
-    const aresp = await post("v1/analyze", blob, name, abort.signal);
+    // caught here, at once: a rejection left waiting for the analysis was reported as uncaught
+    const spectra = drawSpectrograms(blob, enhanced, isCurrent).catch((e) => {
+      console.warn("spectrogram:", e);
+      return " The spectrograms could not be drawn.";
+    });
+    const aresp = await post("v1/analyze", blob, name, model, abort.signal);
     check();
     if (!aresp.ok) throw new Error(await errorText(aresp));
     const analysis = await aresp.json();
     check();
     drawCompetition($("competition-canvas"), analysis);
     showSummary(analysis);
-    await spectra.catch((e) => console.warn("spectrogram:", e));
+    const note = await spectra;
     check();
-    setState("done", `Done: ${name} (${analysis.duration_s.toFixed(2)} s) enhanced in ${seconds} s.`);
+    setState("done", `Done: ${name} (${analysis.duration_s.toFixed(2)} s) enhanced in ${seconds} s.${note}`);
   } catch (err) {
     if (!isCurrent()) return;  // a newer run owns the page
     setState("error", `Error: ${err.message}`);
@@ -280,6 +304,11 @@ async function run(blob, name) {
 async function loadModels() {
   try {
     const resp = await fetch("v1/models", { headers: authHeaders() });
+    if (resp.status === 503) {  // still loading: ask again (an error here stayed on screen for good)
+      if (["idle", "error", undefined].includes(document.body.dataset.state)) setState("idle", LOADING_TEXT);
+      setTimeout(loadModels, retryAfter(resp) * 1000);
+      return;
+    }
     if (!resp.ok) { setState("error", `Models: ${await errorText(resp)}`); return; }
     const select = $("model-select");
     select.innerHTML = "";
@@ -291,7 +320,7 @@ async function loadModels() {
       select.appendChild(opt);
     }
     // the key works now: an error on screen (this list's 401, or an upload's) is no longer the state of things
-    if (document.body.dataset.state === "error") setState("idle", READY_TEXT);
+    if (document.body.dataset.state === "error" || $("status").textContent === LOADING_TEXT) setState("idle", READY_TEXT);
   } catch (err) {
     setState("error", `Models: ${err.message}`);
   }
@@ -307,7 +336,7 @@ async function startRecording() {
       stream.getTracks().forEach((t) => t.stop());
       $("record-btn").disabled = false; $("stop-btn").disabled = true;
       try {  // MediaRecorder gives webm/ogg-opus; send WAV, which the server always reads
-        const wav = encodeWav(await decode(new Blob(chunks, { type: recorder.mimeType }), 48000));
+        const wav = encodeWav(await decode(new Blob(chunks, { type: recorder.mimeType }), CONVERT_RATE));
         await run(wav, "recording.wav");
       } catch (err) {
         setState("error", `Recording: ${err.message}`);
