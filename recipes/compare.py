@@ -135,21 +135,41 @@ def _fmt(value: float | None, digits: int) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
-def table(rows: list[tuple[str, list[float], dict]], dnsmos: bool) -> str:
+def joint_summary(runs: dict[str, Path], dnsmos: bool) -> dict[str, dict[str, float]]:
+    """The table's means, over the same files for every row: each run's ``eval/per_file.csv`` (its enhanced rows
+    under the run's name, the noisy rows from the first run) through :func:`recipes.evaluate.summarize`. Each
+    run's own summary is a mean over the files where *its* metrics were finite, so a model whose output made PESQ
+    fail on one file was averaged over fewer files than the others."""
+    from recipes.evaluate import DNSMOS_KEYS, METRIC_KEYS, summarize
+
+    rows: list[dict[str, str]] = []
+    for i, (name, run) in enumerate(runs.items()):
+        with (run / "eval" / "per_file.csv").open(newline="") as f:
+            for row in csv.DictReader(f):
+                if row["system"] == "enhanced":
+                    rows.append({**row, "system": name})
+                elif i == 0:
+                    rows.append(row)
+    computed = METRIC_KEYS if dnsmos else tuple(k for k in METRIC_KEYS if k not in DNSMOS_KEYS)
+    return summarize(rows, computed, systems=["noisy", *runs])
+
+
+def table(rows: list[tuple[str, list[float], dict]], dnsmos: bool, joint: dict[str, dict[str, float]]) -> str:
+    """``rows``: (name, validation curve, evaluation) per run; ``joint``: :func:`joint_summary` of the runs."""
     metrics = [("pesq", 3), ("stoi", 3), ("si_sdr", 2)] + ([("dnsmos_ovrl", 3)] if dnsmos else [])
     head = ["system", "val loss by epoch", "best val loss", *(m for m, _ in metrics), "files"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    noisy = rows[0][2]["summary"]["noisy"] if rows else None
+    noisy = joint.get("noisy") if rows else None
     if noisy is not None:
         vals = [_fmt(noisy.get(m), d) for m, d in metrics]
-        lines.append("| noisy input | – | – | " + " | ".join(vals) + f" | {noisy['n_files']} |")
-    for name, curve, summary in rows:
-        enh = summary["summary"]["enhanced"]
+        lines.append("| noisy input | – | – | " + " | ".join(vals) + f" | {int(noisy['n_files'])} |")
+    for name, curve, _ in rows:
+        enh = joint[name]
         vals = [_fmt(enh.get(m), d) for m, d in metrics]
         lines.append(
             f"| `{name}` | {', '.join(f'{v:.4f}' for v in curve)} | {min(curve):.4f} | "
             + " | ".join(vals)
-            + f" | {enh['n_files']} |"
+            + f" | {int(enh['n_files'])} |"
         )
     epochs = {name: len(curve) for name, curve, _ in rows}
     if len(set(epochs.values())) > 1:  # an earlier call trained some runs longer: not a like-for-like table
@@ -202,7 +222,9 @@ def run_round(args: argparse.Namespace, epochs: int) -> None:
             rows.append((name, val_curve(run), evaluate(name, run, pairs, args.dnsmos)))
         except (subprocess.CalledProcessError, FileNotFoundError, ValueError) as exc:
             raise ValueError(f"{name}: {exc}") from exc
-    text = table(rows, args.dnsmos)
+    text = table(
+        rows, args.dnsmos, joint_summary({name: args.out / name for name, _, _ in rows}, args.dnsmos)
+    )
     with atomic_path(args.out / "comparison.md") as tmp:
         Path(tmp).write_text(text)
     drawn = plot(rows, args.out / "comparison.png")

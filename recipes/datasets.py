@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import logging
 import os
@@ -213,7 +214,10 @@ def _voicebank(cfg: DataConfig, seed: int) -> RecipeData:
         "voicebank16k-" + hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:10]
     )
     names = sorted(p.name for p in clean_dir.glob("*.wav"))
-    skipped: list[Skipped] = []
+    skipped: list[Skipped] = [
+        Skipped(str(noisy_dir / n), "no clean twin")
+        for n in sorted(set(p.name for p in noisy_dir.glob("*.wav")) - set(names))
+    ]
     pairs: list[tuple[str, str, str]] = []  # (name, noisy16, clean16)
     for name in names:
         if not (noisy_dir / name).is_file():
@@ -245,11 +249,20 @@ def _voicebank(cfg: DataConfig, seed: int) -> RecipeData:
     clean_pool = clean_pool.subset([p[2] for p in keep])
     train = PairedDataset(noisy_pool, clean_pool, cfg.mixing.segment_samples, seed)
     val = []
-    for name, n16, c16 in val_pairs:
+    for name, n16, c16 in val_pairs:  # the checks load_val_pairs makes: these pairs pick the best checkpoint
         noisy, _ = sf.read(n16, dtype="float32")
         clean, _ = sf.read(c16, dtype="float32")
         m = min(len(noisy), len(clean))
-        val.append(ValPair(name, noisy[:m], clean[:m]))
+        if m < cfg.min_seconds * 16000:
+            skipped.append(
+                Skipped(str(noisy_dir / name), f"too short ({m / 16000:.2f} s < {cfg.min_seconds} s)")
+            )
+        elif np.abs(clean[:m]).max() < SILENCE_PEAK:
+            skipped.append(Skipped(str(clean_dir / name), "the clean side is silent"))
+        else:
+            val.append(ValPair(name, noisy[:m], clean[:m]))
+    if not val:
+        raise ValueError(f"{root}: no usable validation pairs (speakers {', '.join(val_speakers)})")
     desc = (
         f"VoiceBank-DEMAND {tag}: {len(keep)} training pairs, {len(val)} validation pairs "
         f"(speakers {', '.join(val_speakers)}), {len(skipped)} files skipped"
@@ -258,9 +271,15 @@ def _voicebank(cfg: DataConfig, seed: int) -> RecipeData:
 
 
 def cache_16k(src: Path, dst: Path) -> str:
-    """Resample ``src`` to a 16 kHz mono float WAV at ``dst`` once (atomic); later calls reuse it."""
+    """Resample ``src`` to a 16 kHz mono float WAV (atomic), once per version of ``src``: the cached file's name
+    carries the source's size and modification time, so a source replaced since is resampled again (``dst`` by
+    name alone kept serving the old audio). Returns the cached file's path."""
+    st = src.stat()
+    dst = dst.with_name(f"{dst.stem}.{st.st_size}-{st.st_mtime_ns}{dst.suffix}")
     if dst.is_file():
         return str(dst)
+    for stale in dst.parent.glob(f"{glob.escape(src.stem)}.*-*{dst.suffix}") if dst.parent.is_dir() else ():
+        stale.unlink(missing_ok=True)  # the same source's earlier versions
     wav, info = load_audio(src)
     mono = resample(wav, info.sample_rate, 16000).mean(axis=0)
     with atomic_path(dst) as tmp:

@@ -35,6 +35,7 @@ from enhance.offline import enhance_waveform
 from models import CheckpointError, Enhancer, get_config, load_checkpoint
 from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics
 from recipes.pairs import Pair, discover_pairs
+from recipes.run_folder import out_folder_problem
 
 SYSTEMS = ("noisy", "enhanced")
 DNSMOS_KEYS = ("dnsmos_sig", "dnsmos_bak", "dnsmos_ovrl")
@@ -169,8 +170,22 @@ def write_outputs(out_dir: Path, rows: list[dict[str, Any]], result: dict[str, A
     write_csv(out_dir / "per_file.csv", ("name", "system", *METRIC_KEYS), rows)
     summary_rows = [{"system": s, **entry} for s, entry in result["summary"].items()]
     write_csv(out_dir / "summary.csv", SUMMARY_COLUMNS, summary_rows)
-    write_text(out_dir / "summary.md", markdown_table(result["summary"]))
+    write_text(out_dir / "summary.md", markdown_table(result["summary"]) + left_out(result))
     write_text(out_dir / "summary.json", json.dumps(_json_safe(result), indent=2) + "\n")
+
+
+def left_out(result: dict[str, Any]) -> str:
+    """What the table does not cover, under it: files skipped while scoring, and files that paired with nothing
+    (they were only printed, so a report could lose files without saying so)."""
+    text = ""
+    skipped = result.get("skipped") or []
+    if skipped:
+        text += f"\nSkipped while scoring ({len(skipped)} file(s)):\n\n"
+        text += "".join(f"- {s['name']}: {s['reason']}\n" for s in skipped)
+    if result.get("unpaired"):
+        text += f"\nLeft out, no partner found ({len(result['unpaired'])}):\n\n"
+        text += "".join(f"- {w}\n" for w in result["unpaired"])
+    return text
 
 
 def evaluate(
@@ -181,6 +196,7 @@ def evaluate(
     limit: int | None = None,
     progress: bool | None = None,
     log: Log | None = _stderr,
+    unpaired: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Score ``pairs`` (the first ``limit`` of them) before and after enhancement and write the reports.
 
@@ -188,6 +204,8 @@ def evaluate(
     a tqdm bar when stderr is a terminal. Skipped files are passed to ``log``. The model is put in eval mode and
     restored to its previous mode afterwards. Returns what ``summary.json`` holds, with NaN instead of null:
     ``{"summary": {"noisy": {...}, "enhanced": {...}}, "skipped": [...], "n_pairs", "n_evaluated", ...}``.
+    ``unpaired``: the files the pairing left out (:func:`recipes.pairs.discover_pairs`'s warnings), recorded
+    in the reports.
     """
     selected = list(pairs)[:limit] if limit is not None else list(pairs)
     scorer = _scorer(dnsmos)
@@ -217,6 +235,7 @@ def evaluate(
         "n_pairs": len(selected),
         "n_evaluated": len(rows) // len(SYSTEMS),
         "skipped": skipped,
+        "unpaired": list(unpaired),
         "dnsmos": scorer is not None,
         "files_converted": notes,
         "elapsed_s": round(time.perf_counter() - start, 3),
@@ -225,7 +244,7 @@ def evaluate(
     return result
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
@@ -248,9 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out", type=Path, required=True, help="output folder for the CSV/Markdown/JSON reports"
     )
-    parser.add_argument(
-        "--limit", type=_positive_int, help="evaluate only the first N pairs (sorted by name)"
-    )
+    parser.add_argument("--limit", type=positive_int, help="evaluate only the first N pairs (sorted by name)")
     parser.add_argument("--no-dnsmos", action="store_true", help="skip DNSMOS (its columns are left NaN)")
     parser.add_argument("--device", default="cpu", help="torch device for the model (default: cpu)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed for --model-config (default: 0)")
@@ -281,8 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns 0 on success, 1 if no file could be evaluated, 2 on bad input."""
     args = build_parser().parse_args(argv)
     try:
-        if Path(args.out).exists() and not Path(args.out).is_dir():  # found before the work, not after it
-            raise ValueError(f"--out {args.out}: exists and is not a folder")
+        problem = out_folder_problem(args.out)  # found before the work, not after it
+        if problem:
+            raise ValueError(problem)
         from recipes.trainer import pick_device
 
         pick_device(args.device, 0)  # ValueError for cuda without CUDA, as tim-train gives
@@ -294,7 +312,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for warning in found.warnings:
         _stderr(f"warning: {warning}")
     _stderr(f"{found.layout} layout: {len(found.pairs)} pairs under {found.root}")
-    result = evaluate(model, found.pairs, args.out, dnsmos=not args.no_dnsmos, limit=args.limit)
+    result = evaluate(
+        model, found.pairs, args.out, dnsmos=not args.no_dnsmos, limit=args.limit, unpaired=found.warnings
+    )
     print(markdown_table(result["summary"]), end="")
     _stderr(f"wrote {args.out}/per_file.csv, summary.csv, summary.md, summary.json")
     if result["n_evaluated"] == 0:

@@ -30,7 +30,7 @@ from enhance.offline import enhance_waveform
 from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from models.enhancer import count_parameters
 from models.pretrained import DEFAULT_MODEL, PRETRAINED_DIR
-from recipes.evaluate import DNSMOS_KEYS, evaluate, markdown_table
+from recipes.evaluate import DNSMOS_KEYS, evaluate, left_out, markdown_table, positive_int
 from recipes.metrics import DNSMOS, pesq_wb, si_sdr, stoi
 from recipes.pairs import discover_pairs
 from recipes.run_folder import read_csv
@@ -199,10 +199,18 @@ def _where(folder: Path) -> str:
         env = None
     if not isinstance(env, dict) or "device" not in env:
         return " (device not recorded in the run folder)"
+    earlier = [e for e in env.get("earlier") or [] if isinstance(e, dict) and "device" in e]
+    places = list(dict.fromkeys(_device_words(e) for e in [*earlier, env]))  # in order, each once
+    if len(places) == 1:
+        return f", on {places[0]}"
+    return f", on {', then '.join(places)} (the run was resumed)"
+
+
+def _device_words(env: dict[str, Any]) -> str:
     if env["device"] == "cpu":
-        return ", on the CPU"
+        return "the CPU"
     gpus = (env.get("cuda") or {}).get("devices") or []
-    return f", on {env['device']}" + (f" ({', '.join(gpus)})" if gpus else "")
+    return f"{env['device']}" + (f" ({', '.join(gpus)})" if gpus else "")
 
 
 def _training(
@@ -341,7 +349,7 @@ def model_card(
 
 ## Measured on the {evaluation["n_evaluated"]} pairs of `{evaluation["pairs_root"]}`
 
-{markdown_table(evaluation["summary"])}
+{markdown_table(evaluation["summary"])}{left_out(evaluation)}
 Files where a metric failed are counted in `n_failed`. Reproduce:
 `{command}` (exported {time.strftime("%Y-%m-%d")}).
 
@@ -359,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default=DEFAULT_MODEL)
     ap.add_argument("--pairs", required=True, help="paired dev/test folder to evaluate on")
     ap.add_argument("--no-dnsmos", action="store_true")
-    ap.add_argument("--limit", type=int)
+    ap.add_argument("--limit", type=positive_int)
     ap.add_argument(
         "--attenuation-sweep",
         help="comma-separated max-attenuation limits in dB to try ('none' = no limit); the best is kept",
@@ -371,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         help="what the sweep maximises: PESQ; DNSMOS OVRL; or balanced = the best OVRL among the limits within "
         f"{PESQ_TOLERANCE} of the best PESQ (default %(default)s)",
     )
-    ap.add_argument("--sweep-pairs", type=int, default=20, help="dev pairs the sweep is scored on")
+    ap.add_argument("--sweep-pairs", type=positive_int, default=20, help="dev pairs the sweep is scored on")
     ap.add_argument(
         "--note",
         default="",
@@ -400,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--run: {run / needed} is missing (a run folder of recipes.train)")
     try:
         ck = load_checkpoint(run / args.weights)
-        pairs = discover_pairs(args.pairs).pairs
+        found = discover_pairs(args.pairs)
+        pairs = found.pairs
     except (CheckpointError, OSError, ValueError) as exc:
         ap.error(str(exc))
     limits: list[float | None] = []
@@ -416,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         init = json.loads((run / "config.json").read_text())["train"].get("init_from")
         try:
             same = bool(init) and same_weights(init, args.init_run / "best.safetensors")
-        except OSError as exc:
+        except (OSError, CheckpointError) as exc:
             ap.error(f"--init-run: {exc}")
         if not same:  # also after this export has replaced a bundled init_from: use the card of that export
             ap.error(
@@ -428,11 +437,12 @@ def main(argv: list[str] | None = None) -> int:
     if limits:
         if args.sweep_select != "pesq" and args.no_dnsmos:
             ap.error(f"--sweep-select {args.sweep_select} needs DNSMOS (drop --no-dnsmos)")
-        sweep_rows = sweep_attenuation(ck, pairs[: args.sweep_pairs], limits, out, dnsmos=dnsmos)
+        swept = pairs[: args.sweep_pairs]  # the card names how many there were (the set may hold fewer)
+        sweep_rows = sweep_attenuation(ck, swept, limits, out, dnsmos=dnsmos)
         best = best_row(sweep_rows, args.sweep_select)
         ck.model.set_max_attenuation(best["limit_db"])
-        sweep = "\n" + sweep_table(sweep_rows, args.sweep_pairs, args.sweep_select)
-    evaluation = evaluate(ck.model, pairs, out, dnsmos=dnsmos, limit=args.limit)
+        sweep = "\n" + sweep_table(sweep_rows, len(swept), args.sweep_select)
+    evaluation = evaluate(ck.model, pairs, out, dnsmos=dnsmos, limit=args.limit, unpaired=found.warnings)
     evaluation["pairs_root"] = args.pairs
     rows = read_csv(run / "metrics.csv")
     training = {**ck.training, "evaluation": {"pairs": args.pairs, "summary": evaluation["summary"]}}

@@ -54,16 +54,40 @@ def environment(seed: int, world_size: int, device: str) -> dict[str, Any]:
     return env
 
 
-def append_csv(path: Path, row: dict[str, Any]) -> None:
-    """Append one row (header written with the first); the whole file is rewritten atomically."""
-    old = path.read_text() if path.is_file() else ""
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(row))
-    if not old:
-        writer.writeheader()
-    writer.writerow(row)
+def out_folder_problem(out: str | Path) -> str | None:
+    """Why ``out`` cannot be (or become) a folder, found before any work (None: it can): it, or the nearest of
+    its parents that exists, is a file (a NotADirectoryError traceback once the work was done)."""
+    path = Path(out)
+    for p in [path, *path.parents]:
+        if p.exists():
+            return None if p.is_dir() else f"--out {out}: {p} exists and is not a folder"
+    return None
+
+
+def write_text(path: Path, text: str) -> None:
+    """``text`` into ``path``, atomically."""
     with atomic_path(path) as tmp:
-        Path(tmp).write_text(old + buf.getvalue())
+        Path(tmp).write_text(text)
+
+
+def append_csv(path: Path, row: dict[str, Any]) -> None:
+    """Append one row (header written with the first); the whole file is rewritten atomically. When the row has
+    columns the file's header lacks (a run started by an older version, resumed by this one), the file is
+    rewritten with every column, the old rows empty in the new ones: appended under the old header, the row's
+    values slid into the wrong columns."""
+    rows = read_csv(path) if path.is_file() else []
+    fields = list(rows[0]) if rows else []
+    fields += [k for k in row if k not in fields]
+    if rows and fields == list(rows[0]):
+        buf = io.StringIO()
+        csv.DictWriter(buf, fieldnames=fields).writerow(row)
+        write_text(path, path.read_text() + buf.getvalue())
+        return
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, restval="")
+    writer.writeheader()
+    writer.writerows([*rows, row])
+    write_text(path, buf.getvalue())
 
 
 def truncate_csv(path: Path, keep: Callable[[dict[str, str]], bool]) -> None:

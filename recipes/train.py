@@ -27,6 +27,7 @@ from typing import Any
 
 from models.checkpoint import CheckpointError
 from models.config_io import from_dict
+from recipes import run_folder
 from recipes.trainer import RESUME_OVERRIDES, RunConfig, Trainer
 
 # the flags --resume may change, as the help and the refusal name them
@@ -199,7 +200,10 @@ def main(argv: list[str] | None = None) -> int:
             saved = Path(args.out) / "config.json"
             if not saved.is_file():
                 raise FileNotFoundError(f"{saved}: nothing to resume")
-            cfg = from_dict(RunConfig, json.loads(saved.read_text()))
+            try:
+                cfg = from_dict(RunConfig, json.loads(saved.read_text()))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{saved}: not readable JSON ({exc})") from None
             ignored = [
                 "--" + k.replace("_", "-")
                 for k, v in vars(args).items()
@@ -217,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **runtime))
         else:
             cfg = resolve(args)
+        problem = run_folder.out_folder_problem(args.out)
+        if problem:
+            raise ValueError(problem)
         result = Trainer(cfg, args.out, resume=args.resume).fit()
     except (FileNotFoundError, FileExistsError, ValueError, KeyError, CheckpointError) as exc:
         print(f"tim-train: error: {exc}", file=sys.stderr)

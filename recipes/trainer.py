@@ -14,6 +14,7 @@ global batch (so the global batch stays ``batch_size``), gradients are averaged 
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import sys
@@ -341,6 +342,7 @@ class Trainer:
                 f"{self.run_dir / 'last.safetensors'} to go on training these weights (their average, if the run "
                 "keeps one) on the new data"
             )
+        self._record_run()
         self.net: torch.nn.Module = (
             DistributedDataParallel(
                 self.model,
@@ -409,11 +411,27 @@ class Trainer:
             # and the file it was for is intact, so it only needs removing
             for stale in self.run_dir.glob(".*.tmp"):
                 stale.unlink(missing_ok=True)
-            run_folder.write_json(self.run_dir / "config.json", config)
-            run_folder.write_json(
-                self.run_dir / "env.json",
-                run_folder.environment(self.cfg.train.seed, self.dist.world, str(self.device)),
-            )
+
+    def _record_run(self) -> None:
+        """``config.json`` and ``env.json``, written once the run is known to go ahead: a refused ``--resume`` (a
+        changed flag, a missing data folder, changed data) leaves the folder as it was; it rewrote them before.
+        A resume keeps the earlier sessions' environments in ``env.json``'s ``earlier`` (a GPU run resumed once on
+        a CPU was called a CPU run), and a finished run resumed with nothing to train leaves ``env.json`` alone."""
+        if not self.dist.is_main:
+            return
+        run_folder.write_json(self.run_dir / "config.json", to_dict(self.cfg))
+        path = self.run_dir / "env.json"
+        if self.pos.epoch >= self.cfg.train.epochs and path.is_file():
+            return
+        env = run_folder.environment(self.cfg.train.seed, self.dist.world, str(self.device))
+        if self.resume and path.is_file():
+            try:
+                previous = json.loads(path.read_text())
+            except (OSError, ValueError):
+                previous = None
+            if isinstance(previous, dict):
+                env["earlier"] = [*previous.pop("earlier", []), previous]
+        run_folder.write_json(path, env)
 
     def _save_state(self) -> None:
         if not self.dist.is_main:
@@ -459,11 +477,19 @@ class Trainer:
                 flush=True,
             )
             if self.data.skipped:
-                (self.run_dir / "skipped.txt").write_text(describe_skipped(self.data.skipped) + "\n")
+                run_folder.write_text(
+                    self.run_dir / "skipped.txt", describe_skipped(self.data.skipped) + "\n"
+                )
                 print(
                     f"[train] skipped {len(self.data.skipped)} file(s), see {self.run_dir / 'skipped.txt'}",
                     flush=True,
                 )
+        if self.pos.epoch >= cfg.epochs and self.dist.is_main:
+            print(
+                f"[train] {self.run_dir} has done all of its {cfg.epochs} epochs: nothing to train "
+                "(--resume --epochs N extends it)",
+                flush=True,
+            )
         last: dict[str, Any] = {}
         self._started = self.clock()
         epoch_seconds = 0.0

@@ -136,3 +136,31 @@ def test_compare_refuses_zero_epochs(tmp_path: Path, capsys: pytest.CaptureFixtu
     )
     assert code == 2 and "at least 1" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
+
+
+def test_the_table_averages_every_row_over_the_same_files(tmp_path: Path) -> None:
+    """Each run's own summary was a mean over the files where its metrics were finite: a model whose output made
+    PESQ fail on one file was averaged over fewer files than the others, and the table did not say so."""
+    import csv
+
+    from recipes.compare import joint_summary
+    from recipes.evaluate import METRIC_KEYS
+
+    def per_file(run: str, pesq: dict[str, float]) -> None:
+        folder = tmp_path / run / "eval"
+        folder.mkdir(parents=True)
+        with (folder / "per_file.csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["name", "system", *METRIC_KEYS])
+            w.writeheader()
+            for name, value in pesq.items():
+                base = {k: 0.5 for k in METRIC_KEYS}
+                w.writerow({"name": name, "system": "noisy", **base, "pesq": 1.0})
+                w.writerow({"name": name, "system": "enhanced", **base, "pesq": value})
+
+    per_file("a", {"f1": 2.0, "f2": 2.0, "f3": 3.0})
+    per_file("b", {"f1": 1.5, "f2": float("nan"), "f3": 2.5})  # its output failed PESQ on f2
+    joint = joint_summary({"a": tmp_path / "a", "b": tmp_path / "b"}, dnsmos=False)
+    assert joint["a"]["pesq"] == pytest.approx(2.5)  # over f1 and f3, as b: not 7/3 over all three
+    assert joint["b"]["pesq"] == pytest.approx(2.0)
+    assert joint["noisy"]["pesq"] == pytest.approx(1.0)
+    assert joint["b"]["n_failed"] == 1

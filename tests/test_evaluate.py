@@ -331,3 +331,16 @@ def test_summary_rows_are_means_over_the_same_files() -> None:
     out = summarize(rows + broken, ("pesq", "stoi"), ("noisy", "enhanced", "broken"), ("pesq", "stoi"))
     assert out["noisy"]["pesq"] == 2.0 and out["enhanced"]["stoi"] == pytest.approx(0.7)
     assert math.isnan(out["broken"]["pesq"]) and out["broken"]["n_failed"] == 2
+
+
+def test_files_without_a_partner_are_recorded_in_the_reports(tmp_path: Path) -> None:
+    """They were only printed on stderr: the reports could lose files without a word."""
+    data = make_dev_set(tmp_path / "data", n=2, seconds=1.5)
+    write(data / "dev" / "noisy" / "0099.flac", noisy_version(speech_like(1.0, seed=9)))  # no clean twin
+    out = tmp_path / "eval"
+    assert main(["--model-config", "tiny", "--pairs", str(data), "--out", str(out), "--no-dnsmos"]) == 0
+    report = json.loads((out / "summary.json").read_text())
+    assert len(report["unpaired"]) == 1 and "0099" in report["unpaired"][0]
+    summary = (out / "summary.md").read_text()
+    assert "Left out, no partner found (1)" in summary and "0099" in summary
+    assert report["n_evaluated"] == 2

@@ -248,6 +248,8 @@ def test_export_writes_nothing_until_everything_it_needs_is_there(
         (["--pairs", str(tmp_path / "nowhere")], "nowhere"),
         (["--weights", "ep3.safetensors"], "ep3.safetensors is missing"),
         (["--weights", "../best.safetensors"], "--weights: a file name inside the run folder"),
+        (["--limit", "-1"], "must be at least 1"),  # dropped the last pair, and the card said "first -2"
+        (["--sweep-pairs", "0"], "must be at least 1"),
     ):
         with pytest.raises(SystemExit) as exit_:
             export.main([*common, *extra])

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,6 +41,7 @@ from audio_trees import (
     build_voicebank,
 )
 
+from enhance.audio_io import load_audio, resample
 from models import load_checkpoint
 from recipes import run_folder
 from recipes.datasets import DataConfig, build, load_val_pairs
@@ -242,20 +244,21 @@ def test_voicebank_holds_out_two_speakers_and_caches_16k_once(voicebank: VoiceBa
         f"{s}_{u:03d}.wav" for s in ("p226", "p287") for u in (1, 2, 3)
     ]
     assert len(data.train) == 6
-    train_names = [Path(p).name for p in data.train.noisy.paths]
-    assert [Path(p).name for p in data.train.clean.paths] == train_names
+    train_names = [Path(p).name.split(".")[0] for p in data.train.noisy.paths]  # the cache's names
+    assert [Path(p).name.split(".")[0] for p in data.train.clean.paths] == train_names
     assert sorted(n.split("_")[0] for n in train_names) == ["p239"] * 3 + ["p270"] * 3
 
     files = cache_files(voicebank.cache)
     assert len(files) == 2 * len(VB_TRAIN_SPEAKERS) * 3  # clean + noisy of every training pair
     for path in files:
         info = sf.info(path)
-        original = sf.info(voicebank.root / f"{path.parent.name}_trainset_28spk_wav" / path.name)
+        source = path.name.split(".")[0] + ".wav"  # the cache's name adds the source's size and time
+        original = sf.info(voicebank.root / f"{path.parent.name}_trainset_28spk_wav" / source)
         assert info.samplerate == 16000 and info.channels == 1
         assert abs(info.frames - original.frames * 16000 / VB_RATE) <= 2
     for p in data.val:
         assert p.noisy.dtype == p.clean.dtype and len(p.noisy) == len(p.clean)
-        assert len(p.clean) == sf.info(next(voicebank.cache.glob(f"*/clean/{p.name}"))).frames
+        assert len(p.clean) == sf.info(next(voicebank.cache.glob(f"*/clean/{Path(p.name).stem}.*"))).frames
 
     again = build(cfg, seed=0)
     assert cache_files(voicebank.cache) == files, "the second build rewrote the 16 kHz cache"
@@ -264,6 +267,41 @@ def test_voicebank_holds_out_two_speakers_and_caches_16k_once(voicebank: VoiceBa
         (a.noisy == b.noisy).all() and (a.clean == b.clean).all()
         for a, b in zip(again.val, data.val, strict=True)
     )
+
+
+def test_voicebank_reports_its_problems_and_resamples_a_replaced_file_again(tmp_path: Path) -> None:
+    """The cache served a replaced source's old audio; the held-out speakers' pairs went unchecked (a silent or
+    too short one stayed in the set that picks the best checkpoint); a noisy file without a clean twin went
+    unreported."""
+    root = build_voicebank(tmp_path / "vb")
+    cfg = DataConfig(recipe="voicebank", root=str(root), cache_dir=str(tmp_path / "cache"))
+    first = build(cfg, seed=0)
+    train_clean = root / "clean_trainset_28spk_wav" / "p239_001.wav"
+    before = [p for p in first.train.clean.paths if Path(p).name.startswith("p239_001.")]
+    wav, rate = sf.read(train_clean)
+    sf.write(train_clean, 0.5 * wav, rate)  # replaced: same name, other audio
+    os.utime(train_clean, ns=(1, 1))  # and another time, whatever the clock's resolution
+    clean_val = root / "clean_trainset_28spk_wav" / "p226_002.wav"
+    sf.write(clean_val, np.zeros(rate), rate)  # a silent clean side among the validation speakers
+    short_val = root / "noisy_trainset_28spk_wav" / "p287_003.wav"
+    sf.write(short_val, np.zeros(rate // 50) + 0.01, rate)  # 20 ms
+    sf.write(root / "noisy_trainset_28spk_wav" / "p230_009.wav", wav, rate)  # no clean twin
+    data = build(cfg, seed=0)
+    reasons = {Path(s.path).name: s.reason for s in data.skipped}
+    assert reasons["p226_002.wav"] == "the clean side is silent", reasons
+    assert reasons["p287_003.wav"].startswith("too short"), reasons
+    assert reasons["p230_009.wav"] == "no clean twin", reasons
+    assert sorted(p.name for p in data.val) == [
+        "p226_001.wav",
+        "p226_003.wav",
+        "p287_001.wav",
+        "p287_002.wav",
+    ]
+    (after,) = [p for p in data.train.clean.paths if Path(p).name.startswith("p239_001.")]
+    assert [after] != before and not Path(before[0]).exists()  # resampled again, the old copy gone
+    cached = sf.read(after, dtype="float32")[0]
+    fresh = resample(load_audio(train_clean)[0], rate, 16000).mean(axis=0)
+    assert np.array_equal(cached, fresh.astype(np.float32))
 
 
 def test_voicebank_recipe_trains_and_evaluates(voicebank: VoiceBank, tmp_path: Path) -> None:
@@ -540,6 +578,67 @@ def test_resume_refuses_fewer_epochs_than_done_and_changed_data(
         code = train_main(["--out", str(run), "--resume", "--epochs", "3"])
     err = capsys.readouterr().err
     assert code == 2 and "--resume: the data changed since the run started" in err and "--init-from" in err
+    # refused: config.json still plans 2 epochs (it said 3 after this, and a plain --resume then trained a 3rd)
+    for name in ("config.json", "env.json"):
+        assert (run / name).read_bytes() == before[name], name
+
+
+def test_resuming_keeps_the_earlier_sessions_environment(
+    resume_runs: ResumeRuns, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A finished run resumed trains nothing, says so and leaves env.json alone; extended, its env.json keeps
+    the first session's environment under "earlier" (every resume overwrote it: a GPU run resumed once on a
+    CPU was then reported as a CPU run)."""
+    run = tmp_path / "A"
+    shutil.copytree(resume_runs.a, run)
+    first_env = json.loads((run / "env.json").read_text())
+    first_env["device"] = "cuda:0"  # as if the first session had run on a GPU
+    (run / "env.json").write_text(json.dumps(first_env))
+    with in_process():
+        assert train_main(["--out", str(run), "--resume"]) == 0
+    assert "has done all of its 2 epochs: nothing to train" in capsys.readouterr().out
+    assert json.loads((run / "env.json").read_text()) == first_env
+    with in_process():
+        assert train_main(["--out", str(run), "--resume", "--epochs", "3"]) == 0
+    env = json.loads((run / "env.json").read_text())
+    assert env["device"] == "cpu" and env["earlier"] == [first_env]
+    assert json.loads((run / "config.json").read_text())["train"]["epochs"] == 3
+    assert [r["epoch"] for r in metrics(run)] == ["1", "2", "3"]
+
+
+def test_metrics_of_a_run_started_by_an_older_version_keep_their_columns(tmp_path: Path) -> None:
+    """An older run's metrics.csv lacks columns added since; a resumed run's rows slid into the wrong ones."""
+    path = tmp_path / "metrics.csv"
+    path.write_text("epoch,val_loss,lr\n1,0.5,0.001\n")
+    run_folder.append_csv(path, {"epoch": 2, "val_loss": 0.4, "val_pmsqe": 3.8, "lr": 0.0005})
+    rows = run_folder.read_csv(path)
+    assert list(rows[0]) == ["epoch", "val_loss", "lr", "val_pmsqe"]
+    assert rows[0] == {"epoch": "1", "val_loss": "0.5", "lr": "0.001", "val_pmsqe": ""}
+    assert rows[1] == {"epoch": "2", "val_loss": "0.4", "lr": "0.0005", "val_pmsqe": "3.8"}
+    run_folder.append_csv(path, {"epoch": 3, "val_loss": 0.3, "val_pmsqe": 3.9, "lr": 0.0005})
+    assert run_folder.read_csv(path)[2]["lr"] == "0.0005"
+
+
+def test_an_out_folder_below_a_file_is_refused_before_the_work(
+    folders: FolderTree, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a-file").write_text("x")
+    with in_process():
+        code = train_main([*folders_args(folders), "--out", str(tmp_path / "a-file" / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "a-file exists and is not a folder" in err and "Traceback" not in err
+    code = evaluate_main(
+        [
+            "--model-config",
+            "tiny",
+            "--pairs",
+            str(folders.dev),
+            "--out",
+            str(tmp_path / "a-file" / "ev"),
+            "--no-dnsmos",
+        ]
+    )
+    assert code == 2 and "a-file exists and is not a folder" in capsys.readouterr().err
 
 
 def test_bad_validation_pairs_are_skipped_and_listed(tmp_path: Path) -> None:
