@@ -20,7 +20,7 @@ import uvicorn
 from models import Enhancer, get_config, save_checkpoint
 from server.app import create_app
 from server.config import ServerConfig
-from server.registry import Loader
+from server.registry import LoadedModel, Loader, load_models
 from tests.conftest import speech_like
 
 
@@ -95,3 +95,23 @@ def run_server(
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+def gated_loader(gate: threading.Event) -> Loader:
+    """Loads the models for real, but every model step first waits for ``gate``: a request holds its slot for as
+    long as the test wants (no guessing how long an enhancement takes)."""
+
+    def load(config: ServerConfig) -> dict[str, LoadedModel]:
+        models = load_models(config)
+        for lm in models.values():
+            model, step = lm.checkpoint.model, lm.checkpoint.model.step
+
+            def gated_step(*args: Any, _step: Any = step, **kwargs: Any) -> Any:
+                if not gate.wait(60):
+                    raise RuntimeError("the test never opened the gate")
+                return _step(*args, **kwargs)
+
+            model.step = gated_step  # type: ignore[method-assign]
+        return models
+
+    return load

@@ -38,9 +38,9 @@ from server.errors import without_paths
 from server.jobs import JobRunner
 from server.main import build_parser, config_from_args
 from server.metrics import Metrics
-from server.registry import LoadedModel, Loader, load_models
+from server.registry import LoadedModel, load_models
 from tests.conftest import ROOT
-from tests.server_fixtures import RunningServer, noisy, run_server, tiny_checkpoint, wav_bytes
+from tests.server_fixtures import RunningServer, gated_loader, noisy, run_server, tiny_checkpoint, wav_bytes
 
 MB = 1024 * 1024
 S16 = 1 / 32768
@@ -680,26 +680,6 @@ def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-def _gated_loader(gate: threading.Event) -> Loader:
-    """Loads the models for real, but every model step first waits for ``gate``: a request holds its slot for as
-    long as the test wants (no guessing how long an enhancement takes)."""
-
-    def load(config: ServerConfig) -> dict[str, LoadedModel]:
-        models = load_models(config)
-        for lm in models.values():
-            model, step = lm.checkpoint.model, lm.checkpoint.model.step
-
-            def gated_step(*args: Any, _step: Any = step, **kwargs: Any) -> Any:
-                if not gate.wait(60):
-                    raise RuntimeError("the test never opened the gate")
-                return _step(*args, **kwargs)
-
-            model.step = gated_step  # type: ignore[method-assign]
-        return models
-
-    return load
-
-
 def _post(srv: RunningServer, route: str = "/v1/enhance") -> httpx.Response:
     with srv.client() as c:
         return c.post(route, content=wav_bytes(noisy(0.5), 16000), headers={"Content-Type": WAV})
@@ -716,7 +696,7 @@ def test_requests_beyond_the_slots_wait_in_the_queue(checkpoint: Path) -> None:
         checkpoints=(str(checkpoint),), threads=1, max_concurrency=1, max_queue=4, queue_timeout_s=60.0
     )
     with (
-        run_server(config, loader=_gated_loader(gate)) as srv,
+        run_server(config, loader=gated_loader(gate)) as srv,
         srv.client() as c,
         ThreadPoolExecutor(5) as pool,
     ):
@@ -747,7 +727,7 @@ def test_full_slots_give_503_with_retry_after(checkpoint: Path, bound: str) -> N
     gate = threading.Event()
     queue = {"max_queue": 0} if bound == "no queue" else {"max_queue": 4, "queue_timeout_s": 0.2}
     config = ServerConfig(checkpoints=(str(checkpoint),), threads=1, max_concurrency=1, **queue)
-    with run_server(config, loader=_gated_loader(gate)) as srv, ThreadPoolExecutor(1) as pool:
+    with run_server(config, loader=gated_loader(gate)) as srv, ThreadPoolExecutor(1) as pool:
         jobs = srv.app.state.jobs
         first: Future[httpx.Response] | None = None
         try:
@@ -786,7 +766,7 @@ def test_a_client_that_goes_away_gives_up_its_place(checkpoint: Path) -> None:
         checkpoints=(str(checkpoint),), threads=1, max_concurrency=1, max_queue=4, queue_timeout_s=60.0
     )
     body = wav_bytes(noisy(0.5), 16000)
-    with run_server(config, loader=_gated_loader(gate)) as srv, srv.client() as c:
+    with run_server(config, loader=gated_loader(gate)) as srv, srv.client() as c:
         jobs = srv.app.state.jobs
         try:
             running = _raw_post(srv, body)

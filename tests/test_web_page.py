@@ -293,3 +293,54 @@ def test_both_requests_of_a_run_use_the_model_chosen_when_it_started(tmp_path: P
         assert [url.split("model=")[-1] for url in b.posts] == ["tiny", "tiny"], b.posts
         assert "Model tiny" in page.locator("#analysis-summary").inner_text()
         assert not b.errors, b.errors
+
+
+def test_the_busy_message_gives_way_to_the_runs_own_status_after_the_retry(tmp_path: Path) -> None:
+    """After a 503 busy, "Server busy, retrying…" stayed on screen through the retried request and the whole
+    enhancement."""
+    import threading
+
+    from tests.server_fixtures import gated_loader
+
+    ck = tiny_checkpoint(tmp_path / "tiny.safetensors")
+    audio = tmp_path / "a.wav"
+    audio.write_bytes(wav_bytes(noisy(1.0, 16000, 1), 16000))
+    gate = threading.Event()
+    config = ServerConfig(checkpoints=(str(ck),), threads=1, max_concurrency=1, max_queue=0, retry_after_s=1)
+    with run_server(config, loader=gated_loader(gate)) as srv, browser_on(srv) as b:
+        page = b.page
+        page.goto(srv.url + "/")
+        page.wait_for_function(MODELS_LISTED, timeout=20000)
+        page.evaluate(
+            """() => { window.statuses = [];
+                new MutationObserver(() => window.statuses.push(document.getElementById('status').textContent))
+                    .observe(document.getElementById('status'), {childList: true, characterData: true, subtree: true}); }"""
+        )
+        holder = threading.Thread(
+            target=lambda: httpx.post(
+                srv.url + "/v1/enhance",
+                content=audio.read_bytes(),
+                headers={"Content-Type": "audio/wav"},
+                timeout=60,
+            )
+        )
+        holder.start()  # takes the only slot and waits at the gate: the page's request is refused (503 busy)
+        try:
+            for _ in range(400):
+                if srv.app.state.jobs.running:
+                    break
+                page.wait_for_timeout(50)
+            assert srv.app.state.jobs.running == 1
+            page.set_input_files("#file-input", str(audio))
+            page.wait_for_function(
+                "window.statuses.some((s) => s.startsWith('Server busy'))", timeout=20000, polling=50
+            )
+        finally:
+            gate.set()
+        holder.join(timeout=60)
+        page.wait_for_function(ENDED, timeout=60000, polling=100)
+        assert page.evaluate("document.body.dataset.state") == "done", b.status()
+        statuses = page.evaluate("window.statuses")
+        busy = max(i for i, s in enumerate(statuses) if s.startswith("Server busy"))
+        assert statuses[busy + 1] == "Enhancing a.wav…", statuses
+        assert not b.errors, b.errors
