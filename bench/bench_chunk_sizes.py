@@ -94,7 +94,7 @@ def main() -> int:
     for b in args.backends.split(","):
         try:
             engines[b] = StreamingEnhancer(model, backend=streaming_backend(model, b))
-        except (ImportError, ValueError) as exc:
+        except (ImportError, ValueError, RuntimeError) as exc:  # RuntimeError: no C compiler for native
             missing.append(f"{b}: {exc}")
     for engine in engines.values():  # warm-up: first-call allocations, TorchScript's specialisation
         for chunk in CHUNKS:

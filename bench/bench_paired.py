@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from recipes.evaluate import write_csv, write_text
+from recipes.pairs import natural_key
 from recipes.run_folder import read_csv
 
 METRICS = "pesq,stoi,si_sdr,dnsmos_sig,dnsmos_bak,dnsmos_ovrl"
@@ -144,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         base_label, base = read_side(args.base)
         new_label, new = read_side(args.new)
-        skipped = sorted(base.keys() | new.keys())[: args.skip_first]
+        # in the order of discover_pairs and --limit (natural: fileid_2 before fileid_10), as the help promises
+        skipped = sorted(base.keys() | new.keys(), key=natural_key)[: args.skip_first]
         base, new = ({n: r for n, r in side.items() if n not in skipped} for side in (base, new))
         if not base and not new:
             raise ValueError(f"--skip-first {args.skip_first} leaves no files")

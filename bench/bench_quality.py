@@ -290,6 +290,8 @@ def summary_rows(entries: Sequence[Entry], means: dict[str, dict[str, float]]) -
         s = e.system
         row: dict[str, Any] = {"system": e.name, "status": "ok" if s is not None else f"not run: {e.reason}"}
         row.update(means.get(e.name, {**empty, "n_files": 0, "n_failed": 0}))
+        if s is not None and row["n_files"] and row["n_failed"] == row["n_files"]:
+            row["status"] = "failed on every file"
         has_audio = s is not None and e.audio_s > 0
         row["rtf"] = e.compute_s / e.audio_s if has_audio else NAN
         row["rtf_cpu"] = e.cpu_s / e.audio_s if has_audio else NAN
@@ -374,8 +376,14 @@ def plot(path: Path, rows: list[dict[str, Any]], ours: set[str]) -> str | None:
         shown = [r for r in ran if not (key == "rtf" and r["system"] == "noisy")]
         names = [r["system"] for r in shown]
         colors = ["0.6" if n == "noisy" else "tab:blue" if n in ours else "tab:orange" for n in names]
-        values = [float(r[key]) if math.isfinite(float(r[key])) else 0.0 for r in shown]
-        ax.bar(range(len(names)), values, color=colors)
+        values = [float(r[key]) for r in shown]
+        drawn = [
+            v if math.isfinite(v) else 0.0 for v in values
+        ]  # no bar, and "n/a" on it: not a zero (or a speed)
+        ax.bar(range(len(names)), drawn, color=colors)
+        for i, v in enumerate(values):
+            if not math.isfinite(v):
+                ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
         ax.set_title(title)
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)

@@ -405,20 +405,24 @@ class LogMMSE:
     def __init__(self) -> None:
         old = np.geterr()
         try:
-            import logmmse  # sets np.seterr("raise") for the whole process at import
+            from logmmse.base import _logmmse  # the package sets np.seterr("raise") for the whole process
         finally:
             np.seterr(**old)
-        self._fn: Callable[..., np.ndarray] = logmmse.logmmse
+        self._fn: Callable[..., tuple[np.ndarray, Any]] = _logmmse
         self.version = _version("logmmse")
 
     def reset(self) -> None:
         pass
 
     def enhance(self, wav16k: np.ndarray) -> np.ndarray:
+        # the package's own entry point cuts the signal into 60-s pieces, and each piece came back 320 samples
+        # short: past the first minute the output was 20 ms early (the delay is calibrated on a short signal).
+        # Its per-piece function on the whole signal, with the defaults (initial noise 6 frames, threshold 0.15)
+        # and the epsilon that entry point adds, is the same method in one piece.
+        x = np.asarray(wav16k, dtype=np.float64) + np.finfo(np.float64).eps
         with np.errstate(all="ignore"):
-            # float32 in, float32 out (for float64 input logmmse 1.5 returns a tuple per chunk: a bug)
-            y = self._fn(np.asarray(wav16k, dtype=np.float32), RATE)
-        return _fit(np.nan_to_num(y), len(wav16k))
+            y, _ = self._fn(x, RATE, 6, 0, 0.15, None)
+        return _fit(np.nan_to_num(np.asarray(y, dtype=np.float32)), len(wav16k))
 
 
 class NoiseReduce:

@@ -79,3 +79,30 @@ def test_bad_inputs_are_reported_not_crashed(tmp_path: Path) -> None:
     (tmp_path / "latin1.csv").write_bytes(b"name,system,pesq\n\xff\xfe,tim,1.0\n")
     r = _run("--per-file", tmp_path / "latin1.csv", "--pairs-csv", pairs, "--metrics", "pesq")
     assert r.returncode == 2 and "not a readable CSV" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_low_freq_refs_marks_the_references_that_are_mostly_rumble(tmp_path: Path) -> None:
+    """bench/low_freq_refs.py: the condition column that splits SI-SDR by references mostly below 60 Hz."""
+    import numpy as np
+
+    from tests.audio_trees import dev_pairs
+    from tests.conftest import speech_like
+
+    speech = speech_like(1.0, 16000, seed=1).astype(np.float32)
+    t = np.arange(16000) / 16000
+    rumble = (0.1 * speech + 0.5 * np.sin(2 * np.pi * 30 * t)).astype(np.float32)  # mostly 30 Hz
+    pairs = dev_pairs(tmp_path / "pairs", [speech, rumble], 0.01, seed=0)
+    out = tmp_path / "lf.csv"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "low_freq_refs.py"), "--pairs", str(pairs), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "1 of 2 references have more than 50% of their energy below 60 Hz: 0001" in r.stdout
+    with open(out, newline="") as f:
+        rows = {row["name"]: row for row in csv.DictReader(f)}
+    assert rows["0000"]["low_freq_heavy"] == "no" and float(rows["0000"]["low_freq_share"]) < 0.1
+    assert rows["0001"]["low_freq_heavy"] == "yes" and float(rows["0001"]["low_freq_share"]) > 0.9
