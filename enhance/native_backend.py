@@ -205,6 +205,16 @@ class NativeStepper:
         self.lib = library()
         # the C model copies the config ints and points into the floats (the window) and the weights
         ints, self.floats, self.weights = pack(model)
+        # first without the weights (it then only counts what it would read): packing or converting them reads
+        # every matrix, so a count that differs from the packed array must be caught before that read
+        sizing = self.lib.tim_model_new(_addr(ints), _addr(self.floats), None, PRECISIONS.index(weights))
+        if not sizing:
+            raise ValueError("the native step does not cover this model's configuration")
+        counted = np.zeros(6, np.int64)
+        self.lib.tim_sizes(ctypes.c_void_p(sizing), _addr(counted))
+        self.lib.tim_model_free(ctypes.c_void_p(sizing))
+        if int(counted[0]) != self.weights.size:
+            raise AssertionError(f"packed {self.weights.size} weights, the C step reads {int(counted[0])}")
         handle = self.lib.tim_model_new(
             _addr(ints), _addr(self.floats), _addr(self.weights), PRECISIONS.index(weights)
         )
@@ -214,12 +224,8 @@ class NativeStepper:
         self._free = self.lib.tim_model_free
         sizes = np.zeros(6, np.int64)
         self.lib.tim_sizes(self._handle, _addr(sizes))
-        n_weights, self.state_floats, self.work_floats, self.n_maps, self.map_groups = (
-            int(x) for x in sizes[:5]
-        )
+        _, self.state_floats, self.work_floats, self.n_maps, self.map_groups = (int(x) for x in sizes[:5])
         self.weight_bytes = int(sizes[5])  # read per frame: the matrices in their precision, the rest float32
-        if n_weights != self.weights.size:
-            raise AssertionError(f"packed {self.weights.size} weights, the C step reads {n_weights}")
         self.n_bins = model.cfg.pre_encoder.n_bins
         self.hop, self.win = model.cfg.stft.hop_length, model.cfg.stft.win_length
 
@@ -244,7 +250,8 @@ class NativeStepper:
             or state.work.size < self.work_floats
             or state.floats.dtype != np.float32
             or state.counters.dtype != np.int64
-            or not (state.floats.flags.c_contiguous and state.counters.flags.c_contiguous)
+            or state.work.dtype != np.float32
+            or not all(a.flags.c_contiguous for a in (state.floats, state.counters, state.work))
         ):
             raise ValueError(f"not a state of this stepper for {batch} channel(s) (make it with new_state)")
 

@@ -125,6 +125,11 @@ def test_bare_step_equals_the_model_for_any_split(name: str) -> None:
     # a state of another precision (float16 rings: smaller) is refused, not written past its end
     with pytest.raises(ValueError, match="not a state of this stepper"):
         stepper.step(feats[:, :1], NativeStepper(model, weights="float16").new_state(2))
+    # nor a work buffer of the right length but another type (the C step writes float32 into it)
+    wrong = stepper.new_state(2)
+    wrong.work = np.zeros(wrong.work.size, np.float16)
+    with pytest.raises(ValueError, match="not a state of this stepper"):
+        stepper.step(feats[:, :1], wrong)
 
 
 @pytest.mark.parametrize("weights", ["float32", "float16", "int8"])
