@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from recipes.evaluate import summarize, write_csv, write_text
-from recipes.run_folder import read_csv
+from recipes.evaluate import summarize, write_csv
+from recipes.run_folder import read_csv, write_text
 
 
 def condition_of(pair: dict[str, str], by: str) -> str:

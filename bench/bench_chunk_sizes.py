@@ -36,7 +36,7 @@ from enhance.backends import streaming_backend  # noqa: E402
 from enhance.streaming import StreamingEnhancer  # noqa: E402
 from models.checkpoint import load_checkpoint  # noqa: E402
 from models.pretrained import load_pretrained  # noqa: E402
-from recipes.evaluate import write_text  # noqa: E402
+from recipes.run_folder import write_text  # noqa: E402
 
 T = TypeVar("T")
 

@@ -61,9 +61,10 @@ from enhance.streaming import StreamingEnhancer
 from models.checkpoint import load_checkpoint
 from models.enhancer import Enhancer
 from models.pretrained import load_pretrained
-from recipes.evaluate import write_csv, write_text
+from recipes.evaluate import write_csv
 from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics
 from recipes.pairs import Pair, discover_pairs
+from recipes.run_folder import write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 REDUCED = {"onnxruntime-int8": "int8", "native-int8": "int8", "native-fp16": "float16"}

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from recipes.evaluate import write_csv, write_text
+from recipes.evaluate import write_csv
 from recipes.pairs import natural_key
-from recipes.run_folder import read_csv
+from recipes.run_folder import read_csv, write_text
 
 METRICS = "pesq,stoi,si_sdr,dnsmos_sig,dnsmos_bak,dnsmos_ovrl"
 COLUMNS = ["metric", "n", "base", "new", "diff", "ci_low", "ci_high", "new_better_share"]

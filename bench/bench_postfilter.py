@@ -60,9 +60,10 @@ import bench_quality  # bench/ is not a package: on sys.path above
 from enhance.audio_io import load_mono_16k
 from enhance.errors import EnhanceError
 from enhance.stft import STFTConfig, istft, linear_magnitude, log_magnitude, stft
-from recipes.evaluate import summarize, write_csv, write_text
+from recipes.evaluate import summarize, write_csv
 from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics
 from recipes.pairs import discover_pairs
+from recipes.run_folder import write_text
 
 DEFAULT_FILTERS = (
     "raw;limit=20;relative=20;relative=15;dfpf=0.05+limit=20;dfpf=0.3+limit=20;"

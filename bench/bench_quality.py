@@ -67,9 +67,10 @@ from tqdm import tqdm
 from enhance.audio_io import atomic_path, load_mono_16k
 from enhance.errors import EnhanceError
 from models import CheckpointError
-from recipes.evaluate import summarize, write_csv, write_text
+from recipes.evaluate import summarize, write_csv
 from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics
 from recipes.pairs import discover_pairs
+from recipes.run_folder import write_text
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -355,11 +355,15 @@ def run_one(
             data = Path(src).read_bytes()
         else:
             raise AudioError(f"{src}: no such file")
-        fmt, implied = (
-            ((args.format or "WAV").upper(), None)
-            if args.format or dst == "-" or (pipe_out and not _names_format(dst))
-            else output_format(dst)
-        )
+        try:
+            fmt, implied = (
+                ((args.format or "WAV").upper(), None) if args.format or dst == "-" else output_format(dst)
+            )
+        except AudioError:
+            if not pipe_out:
+                raise
+            fmt, implied = "WAV", None  # /dev/stdout names no format
+
         encoded, result = enhance_bytes(
             ck.model,
             data,
@@ -387,14 +391,6 @@ def run_one(
         return result
     finally:
         progress.close()
-
-
-def _names_format(path: str) -> bool:
-    try:
-        output_format(path)
-    except AudioError:
-        return False
-    return True
 
 
 def _special(src: str) -> bool:

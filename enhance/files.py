@@ -25,6 +25,7 @@ import soundfile as sf
 import soxr
 
 from enhance.audio_io import (
+    MAX_FLOAT_SAMPLE,
     MODEL_RATE,
     AudioError,
     atomic_path,
@@ -181,10 +182,10 @@ def enhance_stream(
                 size = max(1, int(block_seconds * rate))
                 blocks = fin.blocks(blocksize=size, dtype="float32", always_2d=True)
                 for block in blocks:
-                    problem = sample_value_error(block)
-                    if problem:
-                        raise AudioError(f"{name}: {problem}")
-                    peak = max(peak, float(np.abs(block).max(initial=0.0)))
+                    block_peak = float(np.abs(block).max(initial=0.0))  # NaN carries through
+                    if not block_peak <= MAX_FLOAT_SAMPLE:  # NaN, inf or not audio: say which
+                        raise AudioError(f"{name}: {sample_value_error(block)}")
+                    peak = max(peak, block_peak)
                     emit(run(_through(down, block).T))
                     if on_progress is not None:
                         on_progress(len(block))

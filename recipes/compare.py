@@ -28,6 +28,7 @@ from pathlib import Path
 
 from enhance.audio_io import atomic_path
 from models.registry import REGISTRY
+from recipes.run_folder import read_csv
 from recipes.train import config_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +107,9 @@ def check_settings(args: argparse.Namespace) -> None:
         Path(tmp).write_text(json.dumps(settings, indent=2) + "\n")
 
 
-def evaluate(name: str, run: Path, pairs: str, dnsmos: bool) -> dict:
+def evaluate(name: str, run: Path, pairs: str, dnsmos: bool) -> Path:
+    """The run's best checkpoint evaluated on ``pairs`` (again only when the checkpoint or the settings changed);
+    returns its ``per_file.csv``."""
     out = run / "eval"
     summary, best, used = out / "summary.json", run / "best.safetensors", out / "settings.json"
     settings = {"pairs": str(pairs), "dnsmos": dnsmos}
@@ -123,7 +126,7 @@ def evaluate(name: str, run: Path, pairs: str, dnsmos: bool) -> dict:
         _run(cmd)
         with atomic_path(used) as tmp:
             Path(tmp).write_text(json.dumps(settings) + "\n")
-    return json.loads(summary.read_text())
+    return out / "per_file.csv"
 
 
 def val_curve(run: Path) -> list[float]:
@@ -135,27 +138,27 @@ def _fmt(value: float | None, digits: int) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
 
-def joint_summary(runs: dict[str, Path], dnsmos: bool) -> dict[str, dict[str, float]]:
-    """The table's means, over the same files for every row: each run's ``eval/per_file.csv`` (its enhanced rows
-    under the run's name, the noisy rows from the first run) through :func:`recipes.evaluate.summarize`. Each
-    run's own summary is a mean over the files where *its* metrics were finite, so a model whose output made PESQ
-    fail on one file was averaged over fewer files than the others."""
+def joint_summary(per_file: dict[str, Path], dnsmos: bool) -> dict[str, dict[str, float]]:
+    """The table's means, over the same files for every row: each run's ``per_file.csv`` (its enhanced rows under
+    the run's name, the noisy rows from the first run) through :func:`recipes.evaluate.summarize`. Each run's own
+    summary is a mean over the files where *its* metrics were finite, so a model whose output made PESQ fail on
+    one file was averaged over fewer files than the others."""
     from recipes.evaluate import DNSMOS_KEYS, METRIC_KEYS, summarize
 
     rows: list[dict[str, str]] = []
-    for i, (name, run) in enumerate(runs.items()):
-        with (run / "eval" / "per_file.csv").open(newline="") as f:
-            for row in csv.DictReader(f):
-                if row["system"] == "enhanced":
-                    rows.append({**row, "system": name})
-                elif i == 0:
-                    rows.append(row)
+    for i, (name, path) in enumerate(per_file.items()):
+        for row in read_csv(path):
+            if row["system"] == "enhanced":
+                rows.append({**row, "system": name})
+            elif i == 0:
+                rows.append(row)
     computed = METRIC_KEYS if dnsmos else tuple(k for k in METRIC_KEYS if k not in DNSMOS_KEYS)
-    return summarize(rows, computed, systems=["noisy", *runs])
+    return summarize(rows, computed, systems=["noisy", *per_file])
 
 
-def table(rows: list[tuple[str, list[float], dict]], dnsmos: bool, joint: dict[str, dict[str, float]]) -> str:
-    """``rows``: (name, validation curve, evaluation) per run; ``joint``: :func:`joint_summary` of the runs."""
+def table(rows: list[tuple[str, list[float], Path]], dnsmos: bool) -> str:
+    """``rows``: (name, validation curve, per-file scores) per run."""
+    joint = joint_summary({name: per_file for name, _, per_file in rows}, dnsmos)
     metrics = [("pesq", 3), ("stoi", 3), ("si_sdr", 2)] + ([("dnsmos_ovrl", 3)] if dnsmos else [])
     head = ["system", "val loss by epoch", "best val loss", *(m for m, _ in metrics), "files"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -178,7 +181,7 @@ def table(rows: list[tuple[str, list[float], dict]], dnsmos: bool, joint: dict[s
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[tuple[str, list[float], dict]], path: Path) -> bool:
+def plot(rows: list[tuple[str, list[float], Path]], path: Path) -> bool:
     try:
         import matplotlib
 
@@ -222,9 +225,7 @@ def run_round(args: argparse.Namespace, epochs: int) -> None:
             rows.append((name, val_curve(run), evaluate(name, run, pairs, args.dnsmos)))
         except (subprocess.CalledProcessError, FileNotFoundError, ValueError) as exc:
             raise ValueError(f"{name}: {exc}") from exc
-    text = table(
-        rows, args.dnsmos, joint_summary({name: args.out / name for name, _, _ in rows}, args.dnsmos)
-    )
+    text = table(rows, args.dnsmos)
     with atomic_path(args.out / "comparison.md") as tmp:
         Path(tmp).write_text(text)
     drawn = plot(rows, args.out / "comparison.png")

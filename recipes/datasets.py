@@ -171,6 +171,19 @@ def fixed_mixes(
     return out
 
 
+def checked_val_pair(
+    name: str, noisy: np.ndarray, clean: np.ndarray, paths: tuple[Path, Path], min_seconds: float
+) -> ValPair | Skipped:
+    """A validation pair cut to its shorter side, or why it is skipped (too short, silent clean side): these pairs
+    decide which checkpoint is kept. ``paths``: (noisy, clean), for the report."""
+    n = min(len(noisy), len(clean))
+    if n < min_seconds * 16000:
+        return Skipped(str(paths[0]), f"too short ({n / 16000:.2f} s < {min_seconds} s)")
+    if np.abs(clean[:n]).max() < SILENCE_PEAK:
+        return Skipped(str(paths[1]), "the clean side is silent")
+    return ValPair(name, noisy[:n], clean[:n])
+
+
 def load_val_pairs(root: str, min_seconds: float = 0.5) -> tuple[list[ValPair], list[Skipped]]:
     """Validation pairs from a folder layout known to :mod:`recipes.pairs` (16 kHz mono after loading). Like the
     training files, unreadable, too short and silent (clean side) pairs are skipped and listed with the reason, and
@@ -188,14 +201,11 @@ def load_val_pairs(root: str, min_seconds: float = 0.5) -> tuple[list[ValPair], 
         except AudioError as exc:
             bad.append(Skipped(str(pair.noisy_path), str(exc)))
             continue
-        n = min(len(noisy), len(clean))
-        if n < min_seconds * 16000:
-            bad.append(Skipped(str(pair.noisy_path), f"too short ({n / 16000:.2f} s < {min_seconds} s)"))
-            continue
-        if np.abs(clean[:n]).max() < SILENCE_PEAK:
-            bad.append(Skipped(str(pair.clean_path), "the clean side is silent"))
-            continue
-        out.append(ValPair(pair.name, noisy[:n], clean[:n]))
+        checked = checked_val_pair(pair.name, noisy, clean, (pair.noisy_path, pair.clean_path), min_seconds)
+        if isinstance(checked, ValPair):
+            out.append(checked)
+        else:
+            bad.append(checked)
     if not out:
         raise ValueError(f"{root}: no usable validation pairs")
     return out, bad
@@ -248,19 +258,15 @@ def _voicebank(cfg: DataConfig, seed: int) -> RecipeData:
     noisy_pool = noisy_pool.subset([p[1] for p in keep])
     clean_pool = clean_pool.subset([p[2] for p in keep])
     train = PairedDataset(noisy_pool, clean_pool, cfg.mixing.segment_samples, seed)
-    val = []
-    for name, n16, c16 in val_pairs:  # the checks load_val_pairs makes: these pairs pick the best checkpoint
+    val: list[ValPair] = []
+    for name, n16, c16 in val_pairs:
         noisy, _ = sf.read(n16, dtype="float32")
         clean, _ = sf.read(c16, dtype="float32")
-        m = min(len(noisy), len(clean))
-        if m < cfg.min_seconds * 16000:
-            skipped.append(
-                Skipped(str(noisy_dir / name), f"too short ({m / 16000:.2f} s < {cfg.min_seconds} s)")
-            )
-        elif np.abs(clean[:m]).max() < SILENCE_PEAK:
-            skipped.append(Skipped(str(clean_dir / name), "the clean side is silent"))
+        checked = checked_val_pair(name, noisy, clean, (noisy_dir / name, clean_dir / name), cfg.min_seconds)
+        if isinstance(checked, ValPair):
+            val.append(checked)
         else:
-            val.append(ValPair(name, noisy[:m], clean[:m]))
+            skipped.append(checked)
     if not val:
         raise ValueError(f"{root}: no usable validation pairs (speakers {', '.join(val_speakers)})")
     desc = (

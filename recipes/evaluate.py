@@ -28,14 +28,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from enhance.audio_io import MODEL_RATE, atomic_path, load_mono_16k
+from enhance.audio_io import MODEL_RATE, load_mono_16k
 from enhance.cli import attenuation_db
 from enhance.errors import EnhanceError
 from enhance.offline import enhance_waveform
 from models import CheckpointError, Enhancer, get_config, load_checkpoint
 from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics
 from recipes.pairs import Pair, discover_pairs
-from recipes.run_folder import out_folder_problem
+from recipes.run_folder import out_folder_problem, write_text
 
 SYSTEMS = ("noisy", "enhanced")
 DNSMOS_KEYS = ("dnsmos_sig", "dnsmos_bak", "dnsmos_ovrl")
@@ -155,13 +155,6 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_json_safe(v) for v in value]
     return value
-
-
-def write_text(path: Path, text: str) -> None:
-    """Write a report atomically, readable by everyone (the temp file would otherwise stay 0600)."""
-    with atomic_path(path) as tmp:
-        Path(tmp).write_text(text, encoding="utf-8", newline="")
-        os.chmod(tmp, 0o644)
 
 
 def write_outputs(out_dir: Path, rows: list[dict[str, Any]], result: dict[str, Any]) -> None:

@@ -65,9 +65,10 @@ def out_folder_problem(out: str | Path) -> str | None:
 
 
 def write_text(path: Path, text: str) -> None:
-    """``text`` into ``path``, atomically."""
+    """Write ``text`` atomically, readable by everyone (the temp file would otherwise stay 0600)."""
     with atomic_path(path) as tmp:
-        Path(tmp).write_text(text)
+        Path(tmp).write_text(text, encoding="utf-8", newline="")
+        os.chmod(tmp, 0o644)
 
 
 def append_csv(path: Path, row: dict[str, Any]) -> None:
@@ -76,13 +77,7 @@ def append_csv(path: Path, row: dict[str, Any]) -> None:
     rewritten with every column, the old rows empty in the new ones: appended under the old header, the row's
     values slid into the wrong columns."""
     rows = read_csv(path) if path.is_file() else []
-    fields = list(rows[0]) if rows else []
-    fields += [k for k in row if k not in fields]
-    if rows and fields == list(rows[0]):
-        buf = io.StringIO()
-        csv.DictWriter(buf, fieldnames=fields).writerow(row)
-        write_text(path, path.read_text() + buf.getvalue())
-        return
+    fields = list(dict.fromkeys([*(rows[0] if rows else ()), *row]))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, restval="")
     writer.writeheader()

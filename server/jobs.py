@@ -168,9 +168,8 @@ class JobRunner:
         if task in done:
             return task.result()
         task.cancel()
-        with contextlib.suppress(
-            asyncio.CancelledError, Exception
-        ):  # its own end (a 504, ...) no longer matters
+        # its own end (a 504, ...) no longer matters
+        with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
         raise client_gone_error()
 

@@ -159,7 +159,8 @@ def test_the_table_averages_every_row_over_the_same_files(tmp_path: Path) -> Non
 
     per_file("a", {"f1": 2.0, "f2": 2.0, "f3": 3.0})
     per_file("b", {"f1": 1.5, "f2": float("nan"), "f3": 2.5})  # its output failed PESQ on f2
-    joint = joint_summary({"a": tmp_path / "a", "b": tmp_path / "b"}, dnsmos=False)
+    runs = {"a": tmp_path / "a", "b": tmp_path / "b"}
+    joint = joint_summary({name: run / "eval" / "per_file.csv" for name, run in runs.items()}, dnsmos=False)
     assert joint["a"]["pesq"] == pytest.approx(2.5)  # over f1 and f3, as b: not 7/3 over all three
     assert joint["b"]["pesq"] == pytest.approx(2.0)
     assert joint["noisy"]["pesq"] == pytest.approx(1.0)
