@@ -121,6 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DB",
         help="never attenuate more than DB dB (default: the model's own setting; 'inf' = no limit)",
     )
+    p.add_argument(
+        "--high-band",
+        choices=["gate", "drop"],
+        default="gate",
+        help="inputs above 16 kHz: the model works below 8 kHz; 'gate' (the default) keeps the input's band above "
+        "8 kHz, attenuated every 4 ms as much as the model attenuated 6-8 kHz; 'drop' leaves it out (the output is "
+        "the 16 kHz model's band only). Not used by the raw PCM pipe",
+    )
     s = p.add_argument_group("real-time streaming")
     s.add_argument(
         "--stream",
@@ -343,6 +351,7 @@ def run_one(
                 with_competition=want_maps,
                 on_progress=progress.update,
                 backend=backend,
+                high_band=args.high_band == "gate",
             )
             if want_maps:
                 write_competition(map_path, result, ck, src)
@@ -374,6 +383,7 @@ def run_one(
             stream_block=stream_block,
             with_competition=want_maps,
             backend=backend,
+            high_band=args.high_band == "gate",
         )
         if dst == "-":
             write_all(sys.stdout.buffer, encoded)

@@ -1,7 +1,8 @@
 """Enhancing files: any format libsndfile reads, any rate, any channel count, any length, in bounded memory.
 
     input file --blocks--> soxr stream (-> 16 kHz) -> StreamingEnhancer -> soxr stream (-> input rate) --> temp file
-                                                                                            rename onto output
+         |                                                                                  + (rates > 16 kHz)    |
+         +--> the band above 8 kHz, gated by the model's gain in 6-8 kHz (enhance.high_band) --+     rename onto output
 
 The streaming engine is exact for any block size (its key/value caches carry the context), so blocks of
 ``block_seconds`` give the whole-file result in memory bounded by the block, at any duration.
@@ -34,6 +35,7 @@ from enhance.audio_io import (
     read_info,
     sample_value_error,
 )
+from enhance.high_band import HighBand
 from enhance.streaming import StreamingEnhancer
 from models.enhancer import Enhancer
 
@@ -114,12 +116,15 @@ def enhance_stream(
     with_competition: bool = False,
     on_progress: Callable[[int], None] | None = None,
     backend: Any = None,
+    high_band: bool = True,
 ) -> FileResult:
     """Enhance the audio of ``src`` into ``dst`` (both paths or file objects). Raises :class:`AudioError`.
 
     The model runs on blocks of ``block_seconds``; ``stream_block`` (samples at 16 kHz) instead feeds the engine
     that many samples at a time, as a live stream would. Every block size gives the same samples (tested).
     ``backend``: the streaming engine's (:func:`enhance.backends.streaming_backend`; None: PyTorch).
+    ``high_band``: above 16 kHz, keep the input's band above 8 kHz, gated by the model's gain near 8 kHz
+    (:mod:`enhance.high_band`); False: the output holds the 16 kHz model's band only.
     """
     t0 = time.perf_counter()
     try:
@@ -160,6 +165,7 @@ def enhance_stream(
             return np.concatenate(pieces, axis=1)
 
         down, up = _resampler(rate, MODEL_RATE, channels), _resampler(MODEL_RATE, rate, channels)
+        band = HighBand(rate, channels) if high_band and rate > MODEL_RATE else None
         written = 0
         peak = 0.0
         try:
@@ -172,7 +178,10 @@ def enhance_stream(
 
             def emit(y16: np.ndarray, last: bool = False) -> None:
                 nonlocal written
-                y = _through(up, np.ascontiguousarray(y16.T), last)[: frames - written]
+                y = _through(up, np.ascontiguousarray(y16.T), last)
+                if band is not None:
+                    y = band.output(y, y16, last)
+                y = y[: frames - written]
                 if clip:
                     y = np.clip(y, -1.0, 1.0)
                 fout.write(y)
@@ -186,7 +195,10 @@ def enhance_stream(
                     if not block_peak <= MAX_FLOAT_SAMPLE:  # NaN, inf or not audio: say which
                         raise AudioError(f"{name}: {sample_value_error(block)}")
                     peak = max(peak, block_peak)
-                    emit(run(_through(down, block).T))
+                    x16 = _through(down, block)
+                    if band is not None:
+                        band.add_input(block, x16)
+                    emit(run(x16.T))
                     if on_progress is not None:
                         on_progress(len(block))
             except sf.LibsndfileError as exc:
@@ -194,6 +206,8 @@ def enhance_stream(
             if peak == 0.0:
                 raise AudioError(f"{name}: all samples are zero (digital silence), nothing to enhance")
             tail = _through(down, np.zeros((0, channels), np.float32), last=True)
+            if band is not None:
+                band.add_input(np.zeros((0, channels), np.float32), tail, last=True)
             rest = np.concatenate([run(np.ascontiguousarray(tail.T)), engine.flush()], axis=1)
             emit(rest, last=True)
             if written < frames:  # resampler rounding: pad the last few samples

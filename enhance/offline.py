@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from enhance.audio_io import MODEL_RATE, check_audio, fit_length, resample
+from enhance.high_band import high_band_output
 from enhance.stft import log_magnitude, rebuild, stft
 from models.enhancer import Enhancer
 
@@ -39,15 +40,23 @@ def enhance_waveform(model: Enhancer, wav: np.ndarray, return_competition: bool 
 
 
 def enhance_audio(
-    model: Enhancer, wav: np.ndarray, sample_rate: int, return_competition: bool = False
+    model: Enhancer,
+    wav: np.ndarray,
+    sample_rate: int,
+    return_competition: bool = False,
+    high_band: bool = True,
 ) -> Enhanced:
     """Enhance ``[channels, samples]`` float audio at any rate: resampled to 16 kHz and back, at the input's
-    exact length."""
+    exact length. ``high_band``: above 16 kHz, keep the input's band above 8 kHz, gated by the model's gain near
+    8 kHz (:mod:`enhance.high_band`); False: the output holds the 16 kHz model's band only."""
     wav = np.asarray(wav)
     check_audio(wav)
     x = resample(wav, sample_rate, MODEL_RATE)
     if x.shape[1] == 0:  # fewer input samples than one at 16 kHz: enhance one
         x = np.zeros((x.shape[0], 1), np.float32)
     result = enhance_waveform(model, x, return_competition)
-    result.wav = fit_length(resample(result.wav, MODEL_RATE, sample_rate), wav.shape[1])
+    y = fit_length(resample(result.wav, MODEL_RATE, sample_rate), wav.shape[1])
+    if high_band and sample_rate > MODEL_RATE:
+        y = high_band_output(np.asarray(wav, np.float32), x, y, result.wav, sample_rate)
+    result.wav = y
     return result

@@ -19,6 +19,7 @@ from server.schemas import (
     AudioFormat,
     ErrorResponse,
     HealthResponse,
+    HighBand,
     ModelInfo,
     ModelsResponse,
     ReadyResponse,
@@ -141,6 +142,13 @@ async def enhance(
         AudioFormat | None, Query(description="output format; overrides the Accept header")
     ] = None,
     model: Annotated[str | None, _model_query()] = None,
+    high_band: Annotated[
+        HighBand,
+        Query(
+            description="inputs above 16 kHz: keep the band above 8 kHz, gated by the model's 6-8 kHz gain "
+            "(gate), or leave it out (drop: the 16 kHz model's band only)"
+        ),
+    ] = HighBand.gate,
 ) -> Response:
     fmt = negotiate_audio_format(format.value if format else None, request.headers.get("accept"))
     lm, upload, name, limits, info = await _receive(request, model)
@@ -148,7 +156,9 @@ async def enhance(
     state = request.app.state
     t0 = time.perf_counter()
     encoded, result = await state.jobs.run_until_gone(
-        lambda job: enhance_upload(lm, upload.data, info, name, fmt, limits, job),
+        lambda job: enhance_upload(
+            lm, upload.data, info, name, fmt, limits, job, high_band=high_band == HighBand.gate
+        ),
         lambda: client_gone(request),
     )
     elapsed = time.perf_counter() - t0

@@ -37,6 +37,11 @@ class AudioFormat(_CaseInsensitive):
     ogg = "ogg"
 
 
+class HighBand(_CaseInsensitive):
+    gate = "gate"
+    drop = "drop"
+
+
 class AnalyzeFormat(_CaseInsensitive):
     json = "json"
     png = "png"
@@ -145,6 +150,11 @@ class StreamStart(BaseModel):
         "high",
         description="when sample_rate is not 16000: soxr's HQ filters (the offline path's), or its LQ ones, which "
         "hold back less audio (at 48 kHz about 39 ms instead of 67; the output is then not the POST's to the bit)",
+    )
+    high_band: Literal["gate", "drop"] = Field(
+        "gate",
+        description="when sample_rate is above 16000: keep the band above 8 kHz, gated by the model's 6-8 kHz gain "
+        "(gate, as POST /v1/enhance), or leave it out (drop: the 16 kHz model's band only)",
     )
 
 

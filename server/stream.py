@@ -42,6 +42,7 @@ from pydantic import ValidationError
 from starlette.types import Message
 
 from enhance.audio_io import MAX_FLOAT_SAMPLE, MODEL_RATE
+from enhance.high_band import HighBand
 from enhance.streaming import StreamingEnhancer
 from enhance.threads import inherit_threads
 from server.audio import decode_pcm, encode_pcm
@@ -106,6 +107,9 @@ class Session:
         self.up = (
             None if same else soxr.ResampleStream(MODEL_RATE, rate, ch, dtype="float32", quality=quality)
         )
+        self.band = (
+            HighBand(rate, ch, quality=quality) if rate > MODEL_RATE and start.high_band == "gate" else None
+        )
         self.received = 0  # samples per channel in
         self.sent = 0  # samples per channel out
 
@@ -120,10 +124,20 @@ class Session:
         self.sent += y.shape[1]
         return y
 
+    def _down(self, x: np.ndarray, last: bool = False) -> np.ndarray:
+        x16 = self._through(self.down, x, last)
+        if self.band is not None:
+            self.band.add_input(x.T, x16.T, last)
+        return x16
+
+    def _up(self, y16: np.ndarray, last: bool = False) -> np.ndarray:
+        y = self._through(self.up, y16, last)
+        return y if self.band is None else np.ascontiguousarray(self.band.output(y.T, y16, last).T)
+
     def process(self, x: np.ndarray) -> np.ndarray:
         self.received += x.shape[1]
-        y16 = self.engine.process(self._through(self.down, x))
-        return self._take(self._through(self.up, y16))
+        y16 = self.engine.process(self._down(x))
+        return self._take(self._up(y16))
 
     def process_last(self, x: np.ndarray) -> np.ndarray:
         """``x`` is the stream's last audio: enhance it and flush, as :meth:`process` then :meth:`finish`."""
@@ -131,9 +145,9 @@ class Session:
 
     def finish(self) -> np.ndarray:
         ch = self.start.channels
-        tail = self._through(self.down, np.zeros((ch, 0), np.float32), last=True)
+        tail = self._down(np.zeros((ch, 0), np.float32), last=True)
         y16 = np.concatenate([self.engine.process(tail), self.engine.flush()], axis=1)
-        y = self._take(self._through(self.up, y16, last=True))
+        y = self._take(self._up(y16, last=True))
         short = self.received - self.sent
         if short > 0:  # resampler rounding: the last few samples
             y = np.concatenate([y, np.zeros((ch, short), np.float32)], axis=1)

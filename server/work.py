@@ -88,6 +88,7 @@ def _enhance(
     out_format: str,
     out_subtype: str | None,
     with_competition: bool,
+    high_band: bool = True,
 ) -> tuple[bytes, FileResult]:
     seen = 0
     # headers can lie about the length: stop once the decoded audio passes a limit (one block of slack)
@@ -114,6 +115,7 @@ def _enhance(
             out_subtype=out_subtype,
             with_competition=with_competition,
             on_progress=progress,
+            high_band=high_band,
         )
     except (AudioError, ValueError, sf.LibsndfileError) as exc:
         raise ApiError(422, "invalid_audio", _reason(exc, name)) from None
@@ -131,10 +133,17 @@ def check_output(info: AudioInfo, name: str, fmt: str) -> None:
 
 
 def enhance_upload(
-    lm: LoadedModel, data: bytes, info: AudioInfo, name: str, fmt: str, limits: Limits, job: Job
+    lm: LoadedModel,
+    data: bytes,
+    info: AudioInfo,
+    name: str,
+    fmt: str,
+    limits: Limits,
+    job: Job,
+    high_band: bool = True,
 ) -> tuple[bytes, FileResult]:
     """Enhanced file in ``fmt`` (a key of OUTPUT_FORMATS, checked by :func:`check_output`) at the input's rate,
-    channels and length."""
+    channels and length; ``high_band``: see :mod:`enhance.high_band`."""
     return _enhance(
         lm,
         data,
@@ -145,6 +154,7 @@ def enhance_upload(
         out_format=OUTPUT_FORMATS[fmt][0],
         out_subtype=None,
         with_competition=False,
+        high_band=high_band,
     )
 
 

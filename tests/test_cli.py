@@ -113,6 +113,34 @@ def test_chunked_processing_equals_whole_file(tmp_path: Path, ckpt: str, rate: i
     assert np.abs(out - ref).max() < 1e-5
 
 
+def test_high_band_gate_is_the_default_and_drop_leaves_it_out(tmp_path: Path, ckpt: str) -> None:
+    """A 48 kHz file keeps its band above 8 kHz (gated, as enhance_audio, offline and --stream alike);
+    --high-band drop leaves only the model's band; an unknown choice is a usage error."""
+    rate = 48000
+    x = noisy(1.5, rate)
+    src = tmp_path / "in.wav"
+    sf.write(src, x, rate, subtype="FLOAT")
+
+    def above(y: np.ndarray, hz: float = 8500) -> float:
+        spec = np.abs(np.fft.rfft(y[0].astype(np.float64))) ** 2
+        return float(spec[np.fft.rfftfreq(y.shape[1], 1 / rate) > hz].sum())
+
+    outs = {}
+    for name, extra in (("gate", []), ("stream", ["--stream"]), ("drop", ["--high-band", "drop"])):
+        dst = tmp_path / f"{name}.wav"
+        proc = cli(str(src), "-o", str(dst), "--checkpoint", ckpt, *extra)
+        assert proc.returncode == 0, proc.stderr.decode()
+        outs[name] = load_audio(dst)[0]
+    ref = enhance_audio(load_checkpoint(ckpt).model, np.ascontiguousarray(x.T), rate).wav
+    assert np.abs(outs["gate"] - ref).max() < 1e-5
+    assert np.abs(outs["stream"] - ref).max() < 1e-5
+    xin = np.ascontiguousarray(x.T)
+    assert above(outs["drop"]) < 1e-3 * above(xin) and above(outs["gate"]) > 0.1 * above(xin)
+    proc = cli(str(src), "-o", str(tmp_path / "bad.wav"), "--checkpoint", ckpt, "--high-band", "keep")
+    assert proc.returncode == 2 and b"--high-band" in proc.stderr
+    assert not (tmp_path / "bad.wav").exists()
+
+
 def _bad_files(d: Path) -> dict[str, tuple[Path, str]]:
     d.mkdir(exist_ok=True)
     files: dict[str, tuple[Path, str]] = {}

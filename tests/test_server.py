@@ -180,6 +180,31 @@ def test_enhance_raw_body_equals_offline(client: httpx.Client, model: Enhancer) 
     assert np.abs(y - ref).max() <= 2 * S16  # the PCM_16 output's rounding
 
 
+def _above(x: np.ndarray, rate: int, hz: float) -> float:
+    """Energy of channel 0 of ``x`` [n, C] above ``hz``."""
+    spec = np.abs(np.fft.rfft(x[:, 0].astype(np.float64))) ** 2
+    return float(spec[np.fft.rfftfreq(len(x), 1 / rate) > hz].sum())
+
+
+def test_enhance_high_band_gate_or_drop(client: httpx.Client, model: Enhancer) -> None:
+    """A 48 kHz input keeps its band above 8 kHz, gated (the default, as enhance_audio); ?high_band=drop leaves
+    it out; below it both are the model's output; a value that is neither is a JSON 422."""
+    x = noisy(1.0, 48000, 1)
+    body = {"content": wav_bytes(x, 48000, subtype="FLOAT"), "headers": {"Content-Type": WAV}}
+    gate, drop, upper = (
+        client.post(f"/v1/enhance{q}", **body) for q in ("", "?high_band=drop", "?high_band=GATE")
+    )
+    assert gate.status_code == drop.status_code == upper.status_code == 200
+    yg, yd = _decoded(gate.content), _decoded(drop.content)
+    assert np.abs(yg - _offline(model, _decoded(body["content"]), 48000)).max() < 1e-5
+    assert np.array_equal(yg, _decoded(upper.content))
+    kept = [_above(y, 48000, 8500) / _above(x, 48000, 8500) for y in (yd, yg)]
+    assert kept[0] < 1e-3 and kept[1] > 0.1  # drop: only the whole-file FFT's edge leakage is left
+    assert _above(yg - yd, 48000, 0) == pytest.approx(_above(yg - yd, 48000, 7000), rel=1e-3)
+    err = _error(client.post("/v1/enhance?high_band=keep", **body), 422, "invalid_request")
+    assert "high_band" in err["message"]
+
+
 @pytest.mark.parametrize(
     ("query", "accept", "media", "fmt"),
     [
@@ -431,6 +456,19 @@ def test_stream_equals_offline(
     assert y.shape == ref.shape
     tol = 1.01 * S16 if fmt == "s16le" else 1e-5
     assert np.abs(y - ref).max() <= tol
+
+
+def test_stream_high_band_drop_equals_offline_without_it(server: RunningServer, model: Enhancer) -> None:
+    """"high_band": "drop" in the start message: the 16 kHz model's band only, as enhance_audio(high_band=False)
+    (the default, gate, is test_stream_equals_offline's 44.1 kHz case)."""
+    x = noisy(1.3, 48000, 1, seed=4)
+    pcm = x.astype("<f4").tobytes()
+    start = {"sample_rate": 48000, "channels": 1, "format": "f32le", "high_band": "drop"}
+    out, done = _stream(server, pcm, start, [4 * 480] * (len(x) // 480 + 1))
+    assert done == {"type": "done", "samples": x.shape[0]}
+    y = np.frombuffer(out, "<f4").reshape(-1, 1)
+    ref = enhance_audio(model, np.ascontiguousarray(x.T), 48000, high_band=False).wav.T
+    assert y.shape == ref.shape and np.abs(y - ref).max() <= 1e-5
 
 
 @pytest.mark.parametrize(("rate", "resampling"), [(48000, "high"), (48000, "low_latency"), (44100, "high")])
