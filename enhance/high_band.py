@@ -57,7 +57,7 @@ class GainState:
     y_pending: np.ndarray
     x_energy: np.ndarray  # [C] smoothed band energies
     y_energy: np.ndarray
-    last_gain: np.ndarray  # [C] the previous block's gain (each block ramps from it)
+    last_gain: np.ndarray | None  # [C] the previous block's gain (each block ramps from it)
     started: bool = False
 
 
@@ -110,24 +110,41 @@ class GainTracker:
         return np.stack([np.convolve(row, self.fir, mode="valid") for row in full])
 
     def _gains(self, xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
-        s, block = self.state, self.cfg.block
-        out = np.empty_like(xb)
+        """Per-sample gains of whole blocks (or of one last, shorter block), vectorised over the blocks."""
+        s, n = self.state, xb.shape[1]
+        if n == 0:
+            return xb.copy()
+        block = min(self.cfg.block, n)
+        blocks = n // block
+        ex = np.mean(xb.reshape(xb.shape[0], blocks, block) ** 2, axis=2)  # [C, blocks]
+        ey = np.mean(yb.reshape(yb.shape[0], blocks, block) ** 2, axis=2)
+        if not s.started:  # the first block starts the averages
+            s.x_energy, s.y_energy, s.last_gain, s.started = ex[:, 0], ey[:, 0], None, True
+            ex_s, ey_s = self._smooth(ex[:, 1:], s.x_energy), self._smooth(ey[:, 1:], s.y_energy)
+            ex_s = np.concatenate([ex[:, :1], ex_s], axis=1)
+            ey_s = np.concatenate([ey[:, :1], ey_s], axis=1)
+        else:
+            ex_s, ey_s = self._smooth(ex, s.x_energy), self._smooth(ey, s.y_energy)
+        s.x_energy, s.y_energy = ex_s[:, -1], ey_s[:, -1]
         tiny = 1e-10  # -100 dBFS: below it there is nothing to gate (the high band is as quiet)
-        for start in range(0, xb.shape[1], block):
-            sl = slice(start, start + block)
-            ex = np.mean(xb[:, sl] ** 2, axis=1)
-            ey = np.mean(yb[:, sl] ** 2, axis=1)
-            first = not s.started
-            if first:
-                s.x_energy, s.y_energy, s.started = ex, ey, True
-            else:
-                s.x_energy = self.alpha * s.x_energy + (1 - self.alpha) * ex
-                s.y_energy = self.alpha * s.y_energy + (1 - self.alpha) * ey
-            gain = np.minimum(1.0, np.sqrt((s.y_energy + tiny) / (s.x_energy + tiny)))
-            prev = gain if first else s.last_gain
-            n = min(block, xb.shape[1] - start)
-            out[:, sl] = prev[:, None] + (gain - prev)[:, None] * (np.arange(1, n + 1) / n)
-            s.last_gain = gain
+        gain = np.minimum(1.0, np.sqrt((ey_s + tiny) / (ex_s + tiny)))  # [C, blocks]
+        first = gain[:, :1] if s.last_gain is None else s.last_gain[:, None]
+        prev = np.concatenate([first, gain[:, :-1]], axis=1)
+        s.last_gain = gain[:, -1]
+        ramp = np.arange(1, block + 1) / block  # each block ramps from the previous block's gain to its own
+        out = prev[:, :, None] + (gain - prev)[:, :, None] * ramp
+        return out.reshape(xb.shape[0], n)
+
+    def _smooth(self, e: np.ndarray, start: np.ndarray) -> np.ndarray:
+        """The one-pole average a * S[k-1] + (1 - a) * e[k] over the blocks of ``e`` [C, m], from S[-1] =
+        ``start``; in closed form per 64 blocks (a**-63 stays far inside float64)."""
+        a, out, prev = self.alpha, np.empty_like(e), start
+        for i in range(0, e.shape[1], 64):
+            seg = e[:, i : i + 64]
+            k = np.arange(seg.shape[1])
+            acc = np.cumsum(seg * a ** (-k), axis=1)
+            out[:, i : i + 64] = a ** (k + 1) * prev[:, None] + (1 - a) * a**k * acc
+            prev = out[:, i + seg.shape[1] - 1]
         return out
 
 
