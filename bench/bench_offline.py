@@ -4,6 +4,8 @@
 
 * RTF: ``enhance-cli`` on a 60-s 16 kHz file, wall time of the enhancement itself (the CLI's --json timing, model
   loading excluded), median of 3 runs, 1 thread.
+* 48 kHz: the same on a 60-s 48 kHz file, with the band above 8 kHz gated (``--high-band gate``, the default)
+  and dropped, runs alternating; the ratio is the median of the per-round ratios.
 * Peak memory: maximum resident set size of an ``enhance-cli`` process enhancing a ``--minutes``-long file
   (default 60 min), read from the kernel (``getrusage`` of the child), model loading included.
 
@@ -131,6 +133,29 @@ def run(args: argparse.Namespace) -> int:
             )
             if threads == 1 and (os.cpu_count() or 1) == 1:
                 break
+        # 48 kHz: the band above 8 kHz gated (the default) against dropped, alternating, one thread
+        short_in.unlink()
+        make_file(short_in, 60, rate=48000)
+        by_mode: dict[str, list[float]] = {"gate": [], "drop": []}
+        for _ in range(args.repeats):
+            for mode in by_mode:
+                summary, _, _ = run_cli(
+                    [str(short_in), "-o", str(short_out), *model_args, "--high-band", mode], threads=1
+                )
+                by_mode[mode].append(summary["files"][0]["real_time_factor"])
+        ratio = statistics.median(g / d for g, d in zip(by_mode["gate"], by_mode["drop"], strict=True))
+        for mode, rtfs in by_mode.items():
+            note = f"median of {len(rtfs)}" + (
+                f"; {ratio:.2f}x drop's time (median per round)" if mode == "gate" else ""
+            )
+            rows.append(
+                (
+                    f"60-s 48 kHz file, 1 thread, --high-band {mode}",
+                    f"{statistics.median(rtfs):.4f}",
+                    "",
+                    note,
+                )
+            )
     model = args.checkpoint or args.model
     header = (
         f"Offline enhancement, model `{model}`, device {args.device}, {cpu_summary()}, "

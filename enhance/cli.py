@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="gate",
         help="inputs above 16 kHz: the model works below 8 kHz; 'gate' (the default) keeps the input's band above "
         "8 kHz, attenuated every 4 ms as much as the model attenuated 6-8 kHz; 'drop' leaves it out (the output is "
-        "the 16 kHz model's band only). Not used by the raw PCM pipe",
+        "the 16 kHz model's band only)",
     )
     s = p.add_argument_group("real-time streaming")
     s.add_argument(
@@ -327,6 +327,7 @@ def run_one(
                 channels=args.channels,
                 pcm=args.pcm,
                 backend=backend,
+                high_band=args.high_band == "gate",
             )
             return FileResult(
                 "<stdin>",

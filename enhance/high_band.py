@@ -12,9 +12,9 @@ gated by what the model did at the top of its band:
 So a block where the model removed noise near 8 kHz has its high band attenuated by as much, and one where it
 kept speech keeps its high band. With an untouched y16 (g = 1) the output is the input, sample for sample.
 
-Everything is causal and kept in :class:`HighBandState`, so the file path (blocks of any size), the server's
-WebSocket stream and the whole-array path give the same samples. The raw PCM pipe of ``enhance-cli --stream``
-does not use it: at other rates its output is the 16 kHz model's band only.
+Everything is causal and kept in :class:`HighBandState`, so the file path (blocks of any size), the raw PCM pipe,
+the server's WebSocket stream and the whole-array path give the same samples; the gate holds back no output (its
+gains are known for every 4-ms block of each 16-ms hop the engine emits).
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ The output is the enhanced signal sample for sample, aligned with the input (not
 sample is written at most ``StreamingEnhancer.latency_ms`` (48 ms) after its input sample arrived, plus the
 resampler's delay when ``rate`` is not 16 kHz. The delay is not compensated in the stream itself (it cannot be, in
 real time); in file mode (``enhance-cli --stream in.wav -o out.wav``) the output file is aligned with the input.
+Above 16 kHz the band above 8 kHz is kept, gated by the model (:mod:`enhance.high_band`; ``high_band=False``:
+left out), without adding delay.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 import soxr
 
 from enhance.audio_io import MODEL_RATE, AudioError, sample_value_error
+from enhance.high_band import HighBand
 from enhance.streaming import StreamingEnhancer
 from models.enhancer import Enhancer
 
@@ -36,6 +39,7 @@ def stream_pcm(
     pcm: str = "s16le",
     block: int = 256,
     backend: Any = None,
+    high_band: bool = True,
 ) -> int:
     """Enhance raw interleaved PCM from ``fin`` to ``fout`` until end of input; returns samples written."""
     dtype, scale = PCM_FORMATS[pcm]
@@ -43,12 +47,15 @@ def stream_pcm(
     engine = StreamingEnhancer(model, channels, backend=backend)
     down = soxr.ResampleStream(rate, MODEL_RATE, channels, dtype="float32") if rate != MODEL_RATE else None
     up = soxr.ResampleStream(MODEL_RATE, rate, channels, dtype="float32") if rate != MODEL_RATE else None
+    band = HighBand(rate, channels) if high_band and rate > MODEL_RATE else None
     received = written = 0
     pending = b""
 
     def write(y16: np.ndarray, last: bool = False) -> None:
         nonlocal written
         y = y16.T if up is None else up.resample_chunk(np.ascontiguousarray(y16.T), last=last)
+        if band is not None:
+            y = band.output(y, y16, last)
         y = y[: max(0, received - written)]
         if dtype is np.int16:
             out = np.clip(np.round(y * scale), -32768, 32767).astype(np.int16)
@@ -86,13 +93,14 @@ def stream_pcm(
             raise AudioError(f"<stdin>: {problem} in the PCM stream")
         received += n
         x16 = x if down is None else down.resample_chunk(x)
+        if band is not None:
+            band.add_input(x, x16)
         write(engine.process(np.ascontiguousarray(x16.T)))
     if down is not None:
-        write(
-            engine.process(
-                np.ascontiguousarray(down.resample_chunk(np.zeros((0, channels), np.float32), last=True).T)
-            )
-        )
+        tail = down.resample_chunk(np.zeros((0, channels), np.float32), last=True)
+        if band is not None:
+            band.add_input(np.zeros((0, channels), np.float32), tail, last=True)
+        write(engine.process(np.ascontiguousarray(tail.T)))
     if pending:
         print(
             f"enhance-cli: warning: <stdin> ended inside a sample frame: its last {len(pending)} byte(s) were "

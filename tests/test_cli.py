@@ -373,6 +373,15 @@ def test_stream_raw_pcm_pipe(ckpt: str) -> None:
         stdin=stereo.tobytes(),
     )
     assert proc.returncode == 0 and len(proc.stdout) == stereo.nbytes
+    # at 48 kHz in float: the offline result, high band (gated, or dropped) included
+    x48 = noisy(1.3, 48000)[:, 0]
+    model = load_checkpoint(ckpt).model
+    for extra, high_band in (([], True), (["--high-band", "drop"], False)):
+        args = ("--stream", "-", "-o", "-", "--checkpoint", ckpt, "--rate", "48000", "--pcm", "f32le", *extra)
+        proc = cli(*args, stdin=x48.astype("<f4").tobytes())
+        assert proc.returncode == 0, proc.stderr.decode()
+        ref = enhance_audio(model, x48[None], 48000, high_band=high_band).wav[0]
+        assert np.abs(np.frombuffer(proc.stdout, "<f4") - ref).max() < 1e-5
     bad = cli("--stream", "-", "-o", "x.wav", "--checkpoint", ckpt, stdin=pcm.tobytes())
     assert bad.returncode == 2 and b"use -o -" in bad.stderr
     huge = np.full(100, 3e38, "<f4").tobytes()  # finite, but not audio: NaN came out, with exit 0

@@ -459,7 +459,7 @@ def test_stream_equals_offline(
 
 
 def test_stream_high_band_drop_equals_offline_without_it(server: RunningServer, model: Enhancer) -> None:
-    """"high_band": "drop" in the start message: the 16 kHz model's band only, as enhance_audio(high_band=False)
+    """ "high_band": "drop" in the start message: the 16 kHz model's band only, as enhance_audio(high_band=False)
     (the default, gate, is test_stream_equals_offline's 44.1 kHz case)."""
     x = noisy(1.3, 48000, 1, seed=4)
     pcm = x.astype("<f4").tobytes()
