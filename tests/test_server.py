@@ -459,8 +459,8 @@ def test_stream_equals_offline(
 
 
 def test_stream_high_band_drop_equals_offline_without_it(server: RunningServer, model: Enhancer) -> None:
-    """ "high_band": "drop" in the start message: the 16 kHz model's band only, as enhance_audio(high_band=False)
-    (the default, gate, is test_stream_equals_offline's 44.1 kHz case)."""
+    """With "high_band": "drop" in the start message, the 16 kHz model's band only, as
+    enhance_audio(high_band=False) (the default, gate, is test_stream_equals_offline's 44.1 kHz case)."""
     x = noisy(1.3, 48000, 1, seed=4)
     pcm = x.astype("<f4").tobytes()
     start = {"sample_rate": 48000, "channels": 1, "format": "f32le", "high_band": "drop"}
