@@ -26,6 +26,7 @@ the gate tracks the model, not how real recordings sound. Writes ``per_file.csv`
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -168,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             {"system": system, **{m: round(float(np.nanmean([r[m] for r in mine])), 2) for m in metrics}}
         )
     write_csv(args.out / "summary.csv", ("system", *metrics), summary)
+    gate_rows = [r for r in rows if r["system"] == "gate"]
+    counts = {m: sum(1 for r in gate_rows if math.isfinite(r[m])) for m in metrics}
     command = "python bench/bench_high_band.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     lines = [
         f"High band (above 8 kHz), {len(pairs)} pairs ({synthetic} with the synthetic high band). Command: `{command}`",
@@ -179,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
             for s in summary
         ),
         "",
-        "Means over files. `drop` has no high band: SNR 0 dB, nothing kept, nothing left.",
+        "Means over the files where the score exists ("
+        + ", ".join(f"{m}: {counts[m]}" for m in metrics)
+        + "; a file with no block of speech, or none without, has no score for it). `drop` has no high band: "
+        "SNR 0 dB, nothing kept, nothing left.",
     ]
     write_text(args.out / "summary.md", "\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -35,6 +35,14 @@ class HighBandConfig:
     smoothing_ms: float = 4.0  # time constant of the energy averages
     taps: int = 33  # the 16 kHz high-pass FIR that isolates the band (odd)
 
+    def __post_init__(self) -> None:
+        if not 0 < self.band_hz < MODEL_RATE / 2:
+            raise ValueError(f"band_hz must be between 0 and {MODEL_RATE // 2} Hz, not {self.band_hz}")
+        if self.block < 1 or not self.smoothing_ms > 0:
+            raise ValueError("block must be >= 1 and smoothing_ms > 0")
+        if self.taps < 3 or self.taps % 2 == 0:  # an even count is no longer a symmetric high-pass
+            raise ValueError(f"taps must be odd and >= 3, not {self.taps}")
+
 
 def highpass_fir(cfg: HighBandConfig) -> np.ndarray:
     """A windowed-sinc high-pass at ``band_hz`` for 16 kHz signals (float64, ``cfg.taps`` taps)."""
@@ -137,13 +145,15 @@ class GainTracker:
 
     def _smooth(self, e: np.ndarray, start: np.ndarray) -> np.ndarray:
         """The one-pole average a * S[k-1] + (1 - a) * e[k] over the blocks of ``e`` [C, m], from S[-1] =
-        ``start``; in closed form per 64 blocks (a**-63 stays far inside float64)."""
+        ``start``; in closed form over segments short enough that a**-(length - 1) stays below e**600 (64 blocks
+        with the defaults: e**63)."""
         a, out, prev = self.alpha, np.empty_like(e), start
-        for i in range(0, e.shape[1], 64):
-            seg = e[:, i : i + 64]
+        length = int(max(1, min(64, 600 // max(-math.log(a), 1e-300)))) if a > 0 else 1
+        for i in range(0, e.shape[1], length):
+            seg = e[:, i : i + length]
             k = np.arange(seg.shape[1])
             acc = np.cumsum(seg * a ** (-k), axis=1)
-            out[:, i : i + 64] = a ** (k + 1) * prev[:, None] + (1 - a) * a**k * acc
+            out[:, i : i + length] = a ** (k + 1) * prev[:, None] + (1 - a) * a**k * acc
             prev = out[:, i + seg.shape[1] - 1]
         return out
 
@@ -239,8 +249,13 @@ def high_band_output(
     ``y`` = up(y16) [C, n]; returns ``y`` with the gated high band (the samples :class:`HighBand` gives fed in
     blocks, to resampler rounding)."""
     hb = HighBand(rate, x.shape[0], cfg)
-    hb.add_input(x.T, x16.T, last=True)
-    out = hb.output(y.T, y16, last=True).T
+    pieces, step = [], 10 * MODEL_RATE  # 10 s at a time: the gate's own buffers stay bounded
+    for i in range(0, max(1, y16.shape[1]), step):
+        last = i + step >= y16.shape[1]
+        j0, j1 = (round(k * rate / MODEL_RATE) for k in (i, i + step))
+        hb.add_input(x.T[j0 : None if last else j1], x16.T[i : i + step], last=last)
+        pieces.append(hb.output(y.T[j0 : None if last else j1], y16[:, i : i + step], last=last))
+    out = np.concatenate(pieces).T
     if out.shape[1] < x.shape[1]:  # the resampler's rounding: the last few samples without their high band
         out = np.concatenate([out, y[:, out.shape[1] :]], axis=1)
     return out[:, : x.shape[1]]

@@ -28,6 +28,8 @@ class STFTConfig:
     hop_length: int = 256
 
     def __post_init__(self) -> None:
+        if self.sample_rate != 16000:  # every path resamples to 16 kHz (audio_io.MODEL_RATE) before the model
+            raise ValueError(f"only 16 kHz models are supported, not {self.sample_rate} Hz")
         if self.win_length != self.n_fft or self.hop_length * 2 != self.win_length:
             raise ValueError("only win_length == n_fft == 2 * hop_length is supported (sqrt-Hann OLA)")
 

@@ -154,6 +154,7 @@ def _forge_config(path: Path, edit: dict[str, object]) -> None:
         ({"tim.inter_heads": 0}, "ZeroDivisionError"),
         ({"max_attenuation_db": -20.0}, "at least 0 dB"),  # would amplify by 20 dB
         ({"max_attenuation_db": float("nan")}, "at least 0 dB"),  # would give NaN samples
+        ({"stft.sample_rate": 8000}, "only 16 kHz models"),  # would be fed 16 kHz audio as its own
     ],
 )
 def test_a_config_that_cannot_be_built_is_a_checkpoint_error(

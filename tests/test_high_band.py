@@ -116,3 +116,28 @@ def test_the_band_filter_passes_6_to_8khz_only() -> None:
 def test_no_high_band_at_or_below_16khz() -> None:
     with pytest.raises(ValueError, match="no band above 8 kHz"):
         HighBand(16000, 1)
+
+
+def test_settings_that_would_break_the_filter_or_the_average_are_refused_or_safe() -> None:
+    for bad in ({"taps": 32}, {"taps": 1}, {"band_hz": 8000.0}, {"block": 0}, {"smoothing_ms": 0.0}):
+        with pytest.raises(ValueError):
+            HighBandConfig(**bad)
+    x = np.random.default_rng(4).standard_normal((1, 4096))
+    for cfg in (HighBandConfig(smoothing_ms=0.3), HighBandConfig(block=512, smoothing_ms=2.0)):
+        # a short time constant once overflowed the closed-form average (NaN gains)
+        g = GainTracker(1, cfg).push(x, 0.5 * x)
+        assert np.isfinite(g).all() and np.abs(g[:, 1024:] - 0.5).max() < 1e-9
+
+
+def test_an_input_shorter_than_one_16khz_sample_gets_no_stand_in_band() -> None:
+    """enhance_audio enhances a zero stand-in sample then; its 'high band' would be the input itself."""
+    import torch
+
+    from enhance.offline import enhance_audio
+    from models import Enhancer, get_config
+
+    torch.manual_seed(0)
+    model = Enhancer(get_config("tiny")).eval()
+    x = np.full((1, 1), 0.4, np.float32)
+    gate = enhance_audio(model, x, 48000).wav
+    assert np.array_equal(gate, enhance_audio(model, x, 48000, high_band=False).wav)

@@ -49,6 +49,12 @@ def test_only_half_overlap_supported() -> None:
         STFTConfig(hop_length=128)
 
 
+def test_only_16khz_models_are_supported() -> None:
+    """Every path resamples to 16 kHz: a config at another rate would be fed 16 kHz audio as if it were its own."""
+    with pytest.raises(ValueError, match="only 16 kHz models"):
+        STFTConfig(sample_rate=8000)
+
+
 def test_a_zero_bin_has_phase_zero() -> None:
     """A zero bin's phase is 0 whatever the sign of its zeros (torch.stft gives -0.0 real parts in some bins of
     a zero frame, whose angle is pi); the C signal path (enhance/native_step.c) gives phase 0 too."""
