@@ -23,11 +23,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import soundfile as sf
-import soxr
 
 from enhance.audio_io import (
     MAX_FLOAT_SAMPLE,
-    MODEL_RATE,
     AudioError,
     atomic_path,
     codec_rate_error,
@@ -35,7 +33,7 @@ from enhance.audio_io import (
     read_info,
     sample_value_error,
 )
-from enhance.high_band import HighBand
+from enhance.rate_bridge import RateBridge
 from enhance.streaming import StreamingEnhancer
 from models.enhancer import Enhancer
 
@@ -70,17 +68,6 @@ class FileResult:
             "wall_seconds": round(self.wall_seconds, 3),
             "real_time_factor": round(self.wall_seconds / self.duration_s, 4) if self.duration_s else None,
         }
-
-
-def _resampler(rate_in: int, rate_out: int, channels: int) -> soxr.ResampleStream | None:
-    if rate_in == rate_out:
-        return None
-    return soxr.ResampleStream(rate_in, rate_out, channels, dtype="float32", quality="HQ")
-
-
-def _through(stream: soxr.ResampleStream | None, block: np.ndarray, last: bool = False) -> np.ndarray:
-    """[n, C] through a resampler (or not)."""
-    return block if stream is None else stream.resample_chunk(block, last=last)
 
 
 # plain sample formats, carried into another container where it can hold them (codecs are not: WAV "can hold"
@@ -164,8 +151,7 @@ def enhance_stream(
             ]
             return np.concatenate(pieces, axis=1)
 
-        down, up = _resampler(rate, MODEL_RATE, channels), _resampler(MODEL_RATE, rate, channels)
-        band = HighBand(rate, channels) if high_band and rate > MODEL_RATE else None
+        bridge = RateBridge(rate, channels, high_band=high_band)
         written = 0
         peak = 0.0
         try:
@@ -178,10 +164,7 @@ def enhance_stream(
 
             def emit(y16: np.ndarray, last: bool = False) -> None:
                 nonlocal written
-                y = _through(up, np.ascontiguousarray(y16.T), last)
-                if band is not None:
-                    y = band.output(y, y16, last)
-                y = y[: frames - written]
+                y = bridge.from_model(y16, last).T[: frames - written]
                 if clip:
                     y = np.clip(y, -1.0, 1.0)
                 fout.write(y)
@@ -195,20 +178,15 @@ def enhance_stream(
                     if not block_peak <= MAX_FLOAT_SAMPLE:  # NaN, inf or not audio: say which
                         raise AudioError(f"{name}: {sample_value_error(block)}")
                     peak = max(peak, block_peak)
-                    x16 = _through(down, block)
-                    if band is not None:
-                        band.add_input(block, x16)
-                    emit(run(x16.T))
+                    emit(run(bridge.to_model(block.T)))
                     if on_progress is not None:
                         on_progress(len(block))
             except sf.LibsndfileError as exc:
                 raise AudioError(f"{name}: corrupt audio data ({_first_line(exc)})") from None
             if peak == 0.0:
                 raise AudioError(f"{name}: all samples are zero (digital silence), nothing to enhance")
-            tail = _through(down, np.zeros((0, channels), np.float32), last=True)
-            if band is not None:
-                band.add_input(np.zeros((0, channels), np.float32), tail, last=True)
-            rest = np.concatenate([run(np.ascontiguousarray(tail.T)), engine.flush()], axis=1)
+            tail = bridge.to_model(np.zeros((channels, 0), np.float32), last=True)
+            rest = np.concatenate([run(tail), engine.flush()], axis=1)
             emit(rest, last=True)
             if written < frames:  # resampler rounding: pad the last few samples
                 fout.write(np.zeros((frames - written, channels), np.float32))

@@ -16,10 +16,9 @@ import sys
 from typing import Any, BinaryIO
 
 import numpy as np
-import soxr
 
-from enhance.audio_io import MODEL_RATE, AudioError, sample_value_error
-from enhance.high_band import HighBand
+from enhance.audio_io import AudioError, sample_value_error
+from enhance.rate_bridge import RateBridge
 from enhance.streaming import StreamingEnhancer
 from models.enhancer import Enhancer
 
@@ -45,18 +44,13 @@ def stream_pcm(
     dtype, scale = PCM_FORMATS[pcm]
     width = np.dtype(dtype).itemsize * channels
     engine = StreamingEnhancer(model, channels, backend=backend)
-    down = soxr.ResampleStream(rate, MODEL_RATE, channels, dtype="float32") if rate != MODEL_RATE else None
-    up = soxr.ResampleStream(MODEL_RATE, rate, channels, dtype="float32") if rate != MODEL_RATE else None
-    band = HighBand(rate, channels) if high_band and rate > MODEL_RATE else None
+    bridge = RateBridge(rate, channels, high_band=high_band)
     received = written = 0
     pending = b""
 
     def write(y16: np.ndarray, last: bool = False) -> None:
         nonlocal written
-        y = y16.T if up is None else up.resample_chunk(np.ascontiguousarray(y16.T), last=last)
-        if band is not None:
-            y = band.output(y, y16, last)
-        y = y[: max(0, received - written)]
+        y = bridge.from_model(y16, last).T[: max(0, received - written)]
         if dtype is np.int16:
             out = np.clip(np.round(y * scale), -32768, 32767).astype(np.int16)
         else:
@@ -92,15 +86,8 @@ def stream_pcm(
         if problem:
             raise AudioError(f"<stdin>: {problem} in the PCM stream")
         received += n
-        x16 = x if down is None else down.resample_chunk(x)
-        if band is not None:
-            band.add_input(x, x16)
-        write(engine.process(np.ascontiguousarray(x16.T)))
-    if down is not None:
-        tail = down.resample_chunk(np.zeros((0, channels), np.float32), last=True)
-        if band is not None:
-            band.add_input(np.zeros((0, channels), np.float32), tail, last=True)
-        write(engine.process(np.ascontiguousarray(tail.T)))
+        write(engine.process(bridge.to_model(np.ascontiguousarray(x.T))))
+    write(engine.process(bridge.to_model(np.zeros((channels, 0), np.float32), last=True)))
     if pending:
         print(
             f"enhance-cli: warning: <stdin> ended inside a sample frame: its last {len(pending)} byte(s) were "

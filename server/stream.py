@@ -36,13 +36,12 @@ from typing import Any
 
 import anyio.to_thread
 import numpy as np
-import soxr
 from fastapi import WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 from starlette.types import Message
 
 from enhance.audio_io import MAX_FLOAT_SAMPLE, MODEL_RATE
-from enhance.high_band import HighBand
+from enhance.rate_bridge import RateBridge
 from enhance.streaming import StreamingEnhancer
 from enhance.threads import inherit_threads
 from server.audio import decode_pcm, encode_pcm
@@ -82,13 +81,13 @@ def resampling_ms(rate: int, resampling: str) -> float:
     compensate their filters' delay by holding samples back. 0 at the engine's rate."""
     if rate == MODEL_RATE:
         return 0.0
-    quality = SOXR_QUALITY[resampling]
-    down = soxr.ResampleStream(rate, MODEL_RATE, 1, dtype="float32", quality=quality)
-    up = soxr.ResampleStream(MODEL_RATE, rate, 1, dtype="float32", quality=quality)
+    bridge = RateBridge(
+        rate, 1, high_band=False, quality=SOXR_QUALITY[resampling]
+    )  # the band holds nothing back
     step, fed, out, held = max(1, rate // 100), 0, 0, []
-    frame = np.zeros(step, np.float32)
+    frame = np.zeros((1, step), np.float32)
     for _ in range(100):  # 1 s; the first 100 ms are start-up
-        out += len(up.resample_chunk(down.resample_chunk(frame)))
+        out += bridge.from_model(bridge.to_model(frame)).shape[1]
         fed += step
         held.append(fed - out)
     return round(1000.0 * max(held[10:]) / rate, 1)
@@ -100,44 +99,21 @@ class Session:
     def __init__(self, engine: StreamingEnhancer, start: StreamStart) -> None:
         self.engine, self.start = engine, start
         rate, ch = start.sample_rate, start.channels
-        same, quality = rate == MODEL_RATE, SOXR_QUALITY[start.resampling]
-        self.down = (
-            None if same else soxr.ResampleStream(rate, MODEL_RATE, ch, dtype="float32", quality=quality)
-        )
-        self.up = (
-            None if same else soxr.ResampleStream(MODEL_RATE, rate, ch, dtype="float32", quality=quality)
-        )
-        self.band = (
-            HighBand(rate, ch, quality=quality) if rate > MODEL_RATE and start.high_band == "gate" else None
+        self.bridge = RateBridge(
+            rate, ch, high_band=start.high_band == "gate", quality=SOXR_QUALITY[start.resampling]
         )
         self.received = 0  # samples per channel in
         self.sent = 0  # samples per channel out
-
-    def _through(self, stream: soxr.ResampleStream | None, x: np.ndarray, last: bool = False) -> np.ndarray:
-        if stream is None:
-            return x
-        y = stream.resample_chunk(np.ascontiguousarray(x.T, dtype=np.float32), last=last)
-        return np.ascontiguousarray(np.asarray(y, np.float32).reshape(-1, x.shape[0]).T)
 
     def _take(self, y: np.ndarray) -> np.ndarray:
         y = y[:, : max(0, self.received - self.sent)]
         self.sent += y.shape[1]
         return y
 
-    def _down(self, x: np.ndarray, last: bool = False) -> np.ndarray:
-        x16 = self._through(self.down, x, last)
-        if self.band is not None:
-            self.band.add_input(x.T, x16.T, last)
-        return x16
-
-    def _up(self, y16: np.ndarray, last: bool = False) -> np.ndarray:
-        y = self._through(self.up, y16, last)
-        return y if self.band is None else np.ascontiguousarray(self.band.output(y.T, y16, last).T)
-
     def process(self, x: np.ndarray) -> np.ndarray:
         self.received += x.shape[1]
-        y16 = self.engine.process(self._down(x))
-        return self._take(self._up(y16))
+        y16 = self.engine.process(self.bridge.to_model(x))
+        return self._take(self.bridge.from_model(y16))
 
     def process_last(self, x: np.ndarray) -> np.ndarray:
         """``x`` is the stream's last audio: enhance it and flush, as :meth:`process` then :meth:`finish`."""
@@ -145,9 +121,9 @@ class Session:
 
     def finish(self) -> np.ndarray:
         ch = self.start.channels
-        tail = self._down(np.zeros((ch, 0), np.float32), last=True)
+        tail = self.bridge.to_model(np.zeros((ch, 0), np.float32), last=True)
         y16 = np.concatenate([self.engine.process(tail), self.engine.flush()], axis=1)
-        y = self._take(self._up(y16, last=True))
+        y = self._take(self.bridge.from_model(y16, last=True))
         short = self.received - self.sent
         if short > 0:  # resampler rounding: the last few samples
             y = np.concatenate([y, np.zeros((ch, short), np.float32)], axis=1)
