@@ -57,16 +57,16 @@ def highpass_fir(cfg: HighBandConfig) -> np.ndarray:
 
 @dataclass
 class GainState:
-    """The gain tracker's state for ``channels`` channels (all [C, ...] float64)."""
+    """The gain tracker's state for ``channels`` channels (float64). The averages and the last gain are None
+    until the first block (which starts the averages at its own energies)."""
 
-    x_tail: np.ndarray  # last taps - 1 samples of x16 and y16 (the FIR's memory)
+    x_tail: np.ndarray  # [C, taps - 1] last samples of x16 and y16 (the FIR's memory)
     y_tail: np.ndarray
-    x_pending: np.ndarray  # samples of the block not yet complete
+    x_pending: np.ndarray  # [C, < block] band samples of the block not yet complete
     y_pending: np.ndarray
-    x_energy: np.ndarray  # [C] smoothed band energies
-    y_energy: np.ndarray
-    last_gain: np.ndarray | None  # [C] the previous block's gain (each block ramps from it)
-    started: bool = False
+    x_energy: np.ndarray | None = None  # [C] smoothed band energies
+    y_energy: np.ndarray | None = None
+    last_gain: np.ndarray | None = None  # [C] the previous block's gain (each block ramps from it)
 
 
 class GainTracker:
@@ -77,24 +77,16 @@ class GainTracker:
         self.cfg = cfg or HighBandConfig()
         self.fir = highpass_fir(self.cfg)
         self.alpha = math.exp(-self.cfg.block / (MODEL_RATE * self.cfg.smoothing_ms / 1000.0))
-        z = np.zeros((channels, 0))
-        self.state = GainState(
-            x_tail=np.zeros((channels, self.cfg.taps - 1)),
-            y_tail=np.zeros((channels, self.cfg.taps - 1)),
-            x_pending=z,
-            y_pending=z,
-            x_energy=np.zeros(channels),
-            y_energy=np.zeros(channels),
-            last_gain=np.ones(channels),
-        )
+        tail, empty = np.zeros((channels, self.cfg.taps - 1)), np.zeros((channels, 0))
+        self.state = GainState(x_tail=tail, y_tail=tail, x_pending=empty, y_pending=empty)
 
     def push(self, x16: np.ndarray, y16: np.ndarray) -> np.ndarray:
         """Take the next samples of both ([C, n], the same n); the gains of every block now complete."""
         if x16.shape != y16.shape:
             raise ValueError(f"noisy and enhanced blocks differ in shape: {x16.shape} vs {y16.shape}")
         s = self.state
-        xb = self._band(x16, "x_tail")
-        yb = self._band(y16, "y_tail")
+        xb, s.x_tail = self._band(x16, s.x_tail)
+        yb, s.y_tail = self._band(y16, s.y_tail)
         s.x_pending = np.concatenate([s.x_pending, xb], axis=1)
         s.y_pending = np.concatenate([s.y_pending, yb], axis=1)
         whole = s.x_pending.shape[1] // self.cfg.block * self.cfg.block
@@ -109,13 +101,13 @@ class GainTracker:
         s.x_pending, s.y_pending = s.x_pending[:, :0], s.y_pending[:, :0]
         return gains
 
-    def _band(self, sig: np.ndarray, tail: str) -> np.ndarray:
-        """``sig`` through the high-pass FIR, continuing from the tail kept in the state."""
-        full = np.concatenate([getattr(self.state, tail), np.asarray(sig, np.float64)], axis=1)
-        setattr(self.state, tail, full[:, full.shape[1] - (self.cfg.taps - 1) :])
-        if sig.shape[1] == 0:
-            return np.zeros((sig.shape[0], 0))
-        return np.stack([np.convolve(row, self.fir, mode="valid") for row in full])
+    def _band(self, sig: np.ndarray, tail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``sig`` through the high-pass FIR, continuing from ``tail``; and the next call's tail."""
+        full = np.concatenate([tail, np.asarray(sig, np.float64)], axis=1)
+        if sig.shape[1] == 0:  # np.convolve's "valid" would return 2 samples, not none
+            return np.zeros((sig.shape[0], 0)), tail
+        band = np.stack([np.convolve(row, self.fir, mode="valid") for row in full])
+        return band, full[:, full.shape[1] - (self.cfg.taps - 1) :]
 
     def _gains(self, xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
         """Per-sample gains of whole blocks (or of one last, shorter block), vectorised over the blocks."""
@@ -126,13 +118,9 @@ class GainTracker:
         blocks = n // block
         ex = np.mean(xb.reshape(xb.shape[0], blocks, block) ** 2, axis=2)  # [C, blocks]
         ey = np.mean(yb.reshape(yb.shape[0], blocks, block) ** 2, axis=2)
-        if not s.started:  # the first block starts the averages
-            s.x_energy, s.y_energy, s.last_gain, s.started = ex[:, 0], ey[:, 0], None, True
-            ex_s, ey_s = self._smooth(ex[:, 1:], s.x_energy), self._smooth(ey[:, 1:], s.y_energy)
-            ex_s = np.concatenate([ex[:, :1], ex_s], axis=1)
-            ey_s = np.concatenate([ey[:, :1], ey_s], axis=1)
-        else:
-            ex_s, ey_s = self._smooth(ex, s.x_energy), self._smooth(ey, s.y_energy)
+        # the first block starts the averages at its own energies
+        ex_s = self._smooth(ex, ex[:, 0] if s.x_energy is None else s.x_energy)
+        ey_s = self._smooth(ey, ey[:, 0] if s.y_energy is None else s.y_energy)
         s.x_energy, s.y_energy = ex_s[:, -1], ey_s[:, -1]
         tiny = 1e-10  # -100 dBFS: below it there is nothing to gate (the high band is as quiet)
         gain = np.minimum(1.0, np.sqrt((ey_s + tiny) / (ex_s + tiny)))  # [C, blocks]
@@ -164,13 +152,11 @@ class HighBandState:
     [n, C] pieces, each FIFO's first sample aligned with the same input sample)."""
 
     up_x: soxr.ResampleStream
+    gains: np.ndarray  # [C, n] 16 kHz gains from gain_start on
     x: list[np.ndarray] = field(default_factory=list)  # the input, at its rate
     up_x16: list[np.ndarray] = field(default_factory=list)  # up(x16)
     y: list[np.ndarray] = field(default_factory=list)  # up(y16), not yet out
     x16: list[np.ndarray] = field(default_factory=list)  # x16 not yet paired with y16
-    gains: np.ndarray = field(
-        default_factory=lambda: np.ones((1, 0))
-    )  # [C, n] 16 kHz gains from gain_start on
     gain_start: int = 0
     emitted: int = 0  # input-rate samples out so far
 
@@ -192,7 +178,7 @@ class HighBand:
         self.rate, self.channels = rate, channels
         self.tracker = GainTracker(channels, cfg)
         up_x = soxr.ResampleStream(MODEL_RATE, rate, channels, dtype="float32", quality=quality)
-        self.state = HighBandState(up_x, gains=np.ones((channels, 0)))
+        self.state = HighBandState(up_x, np.ones((channels, 0)))
 
     def add_input(self, x: np.ndarray, x16: np.ndarray, last: bool = False) -> None:
         s = self.state
