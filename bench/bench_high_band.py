@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import soxr
 
-from enhance.audio_io import MODEL_RATE, load_audio
+from enhance.audio_io import MODEL_RATE, fit_length, load_audio
 from enhance.offline import enhance_audio
 from recipes.evaluate import write_csv
 from recipes.pairs import discover_pairs
@@ -52,13 +52,11 @@ def high_band(x: np.ndarray, rate: int) -> np.ndarray:
     return np.fft.irfft(spec, n=len(x))
 
 
-def _fit(x: np.ndarray, n: int) -> np.ndarray:
-    return x[:n] if len(x) >= n else np.concatenate([x, np.zeros(n - len(x), x.dtype)])
-
-
 def synthetic_fullband(x16: np.ndarray) -> np.ndarray:
     """``x16`` (16 kHz) at 48 kHz with a made-up high band from its own 4-8 kHz band (see the module's text)."""
-    up = _fit(soxr.resample(x16.astype(np.float64), MODEL_RATE, RATE, quality="HQ"), 3 * len(x16))
+    up = fit_length(
+        soxr.resample(x16.astype(np.float64), MODEL_RATE, RATE, quality="HQ")[None], 3 * len(x16)
+    )[0]
     spec = np.fft.rfft(up)
     freqs = np.fft.rfftfreq(len(up), 1.0 / RATE)
     band = np.where((freqs >= 4000) & (freqs < 8000), spec, 0)
@@ -87,10 +85,13 @@ def _db(num: float, den: float) -> float:
     return float(10 * np.log10(num / den)) if num > 0 and den > 0 else float("nan")
 
 
+def energy(x: np.ndarray) -> float:
+    return float(np.sum(x.astype(np.float64) ** 2))
+
+
 def score(
     out_hb: np.ndarray, clean_hb: np.ndarray, noisy_hb: np.ndarray, speech: np.ndarray, rate: int
 ) -> dict:
-    energy = lambda x: float(np.sum(x.astype(np.float64) ** 2))  # noqa: E731
     return {
         "hb_snr_db": _db(energy(clean_hb), energy(out_hb - clean_hb)),
         "speech_db": _db(energy(_blocks(out_hb, speech, rate)), energy(_blocks(clean_hb, speech, rate))),

@@ -52,12 +52,12 @@ def enhance_audio(
     wav = np.asarray(wav)
     check_audio(wav)
     x = resample(wav, sample_rate, MODEL_RATE)
-    resampled = x.shape[1] > 0
-    if not resampled:  # fewer input samples than one at 16 kHz: enhance one
+    stand_in = x.shape[1] == 0
+    if stand_in:  # fewer input samples than one at 16 kHz: enhance one
         x = np.zeros((x.shape[0], 1), np.float32)
     result = enhance_waveform(model, x, return_competition)
     y = fit_length(resample(result.wav, MODEL_RATE, sample_rate), wav.shape[1])
-    if high_band and sample_rate > MODEL_RATE and resampled:  # (not for a stand-in sample)
+    if high_band and sample_rate > MODEL_RATE and not stand_in:  # a stand-in's "band" would be the raw input
         y = high_band_output(np.asarray(wav, np.float32), x, y, result.wav, sample_rate)
     result.wav = y
     return result
