@@ -40,7 +40,7 @@ from fastapi import WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 from starlette.types import Message
 
-from enhance.audio_io import MAX_FLOAT_SAMPLE, MODEL_RATE
+from enhance.audio_io import MODEL_RATE, sample_value_error
 from enhance.rate_bridge import RateBridge
 from enhance.streaming import StreamingEnhancer
 from enhance.threads import inherit_threads
@@ -286,15 +286,10 @@ def _decode(msg: Message, start: StreamStart) -> np.ndarray:
         raise StreamError("bad_frame", str(exc), UNSUPPORTED_DATA) from None
     if start.format == "s16le":  # always finite and within ±1
         return x
-    peak = float(np.abs(x).max(initial=0.0))  # one pass per frame: NaN and inf carry through the maximum
-    if not np.isfinite(peak):
-        raise StreamError("nan_samples", "frame contains NaN or infinite samples", UNSUPPORTED_DATA)
-    if peak > MAX_FLOAT_SAMPLE:
-        raise StreamError(
-            "bad_samples",
-            f"float samples beyond ±{MAX_FLOAT_SAMPLE:g} (expected about [-1, 1])",
-            UNSUPPORTED_DATA,
-        )
+    problem = sample_value_error(x)  # one pass when the frame is fine
+    if problem:
+        code = "bad_samples" if np.isfinite(x).all() else "nan_samples"
+        raise StreamError(code, f"frame: {problem}", UNSUPPORTED_DATA)
     return x
 
 
