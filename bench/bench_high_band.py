@@ -172,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     write_csv(args.out / "summary.csv", ("system", *metrics), summary)
     gate_rows = [r for r in rows if r["system"] == "gate"]
     counts = {m: sum(1 for r in gate_rows if math.isfinite(r[m])) for m in metrics}
+    snr = {sys_: np.array([r["hb_snr_db"] for r in rows if r["system"] == sys_]) for sys_ in SYSTEMS}
+    per_file = (
+        f"Per file, the gate's high-band SNR is above drop's in {int((snr['gate'] > snr['drop']).sum())} of "
+        f"{len(gate_rows)} files and above keep's in {int((snr['gate'] > snr['keep']).sum())}; the median "
+        f"difference from keep is {float(np.median(snr['gate'] - snr['keep'])):+.2f} dB."
+    )
     command = "python bench/bench_high_band.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     lines = [
         f"High band (above 8 kHz), {len(pairs)} pairs ({synthetic} with the synthetic high band). Command: `{command}`",
@@ -187,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{m}: {counts[m]}" for m in metrics)
         + "; a file with no block of speech, or none without, has no score for it). `drop` has no high band: "
         "SNR 0 dB, nothing kept, nothing left.",
+        "",
+        per_file,
     ]
     write_text(args.out / "summary.md", "\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -80,6 +80,7 @@ def test_table_has_every_system_and_finite_scores(tmp_path: Path, ckpt: str, rat
     assert float(summary["noisy"]["noise_db"]) == 0.0
     assert float(summary["drop"]["noise_db"]) < float(summary["keep"]["noise_db"]) - 10
     assert (out / "summary.md").read_text().count("\n| ") == 5
+    assert "the gate's high-band SNR is above drop's in" in (out / "summary.md").read_text()
 
 
 def test_pairs_at_different_rates_are_refused(tmp_path: Path, ckpt: str) -> None:
