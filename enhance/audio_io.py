@@ -11,6 +11,7 @@ import contextlib
 import io
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -63,6 +64,19 @@ def _name(source: Source) -> str:
     return "<stream>"
 
 
+def read_frames(f: sf.SoundFile) -> np.ndarray:
+    """All of an open file's samples as float32 ``[samples, channels]``. Some codecs (GSM 6.10, G.721/G.723,
+    NMS-ADPCM) are read only sequentially: soundfile then wants the frame count named, so it is, from the header."""
+    return f.read(frames=-1 if f.seekable() else f.frames, dtype="float32", always_2d=True)
+
+
+def read_blocks(f: sf.SoundFile, blocksize: int) -> Iterator[np.ndarray]:
+    """An open file's samples as float32 ``[samples, channels]`` blocks of ``blocksize`` (the last one shorter),
+    also for the codecs that are read only sequentially (see :func:`read_frames`)."""
+    frames = -1 if f.seekable() else f.frames
+    return f.blocks(blocksize=blocksize, frames=frames, dtype="float32", always_2d=True)
+
+
 def read_info(source: Source) -> AudioInfo:
     """Header of an audio file without reading the samples (raises :class:`AudioError`)."""
     src = _open_source(source)
@@ -95,7 +109,7 @@ def load_audio(source: Source) -> tuple[np.ndarray, AudioInfo]:
             info = AudioInfo(f.samplerate, f.channels, f.frames, f.format, f.subtype)
             if info.channels > MAX_CHANNELS:
                 raise AudioError(f"{name}: {info.channels} channels (at most {MAX_CHANNELS} are enhanced)")
-            data = f.read(dtype="float32", always_2d=True)
+            data = read_frames(f)
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
         raise AudioError(f"{name}: not a readable audio file ({_short(exc)})") from None
     wav = np.ascontiguousarray(data.T)

@@ -30,6 +30,7 @@ from enhance.audio_io import (
     atomic_path,
     codec_rate_error,
     output_format,
+    read_blocks,
     read_info,
     sample_value_error,
 )
@@ -172,7 +173,7 @@ def enhance_stream(
 
             try:
                 size = max(1, int(block_seconds * rate))
-                blocks = fin.blocks(blocksize=size, dtype="float32", always_2d=True)
+                blocks = read_blocks(fin, size)
                 for block in blocks:
                     block_peak = float(np.abs(block).max(initial=0.0))  # NaN carries through
                     if not block_peak <= MAX_FLOAT_SAMPLE:  # NaN, inf or not audio: say which

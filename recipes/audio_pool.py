@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from enhance.audio_io import AUDIO_SUFFIXES
+from enhance.audio_io import AUDIO_SUFFIXES, read_blocks
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def _problem(path: str, sample_rate: int, min_frames: int, silence_peak: float) 
     try:
         peak = 0.0
         with sf.SoundFile(path) as f:
-            for block in f.blocks(blocksize=1 << 16, dtype="float32", always_2d=True):
+            for block in read_blocks(f, 1 << 16):
                 if not np.isfinite(block).all():
                     return "contains NaN or infinite samples"
                 peak = max(peak, float(np.abs(block).max(initial=0.0)))

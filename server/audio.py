@@ -9,6 +9,7 @@ import re
 import numpy as np
 import soundfile as sf
 
+from enhance.audio_io import read_blocks
 from server.errors import ApiError
 
 # output format (query value) -> (libsndfile format, media type, file extension)
@@ -91,7 +92,7 @@ def file_rms_dbfs(data: bytes, block_frames: int = 1 << 16) -> float | None:
     is -3 dBFS), read block by block in bounded memory; None for silence."""
     total, count = 0.0, 0
     with sf.SoundFile(io.BytesIO(data)) as f:
-        for block in f.blocks(blocksize=block_frames, dtype="float32", always_2d=True):
+        for block in read_blocks(f, block_frames):
             total += float(np.sum(np.square(block, dtype=np.float64)))
             count += block.size
     rms = math.sqrt(total / count) if count else 0.0

@@ -41,6 +41,17 @@ def test_load_save_keeps_rate_channels_and_samples(
     assert stat.S_IMODE(path.stat().st_mode) & 0o044  # readable by others like a normally created file
 
 
+def test_codecs_read_only_sequentially_are_loaded(tmp_path: Path) -> None:
+    x = speech_like(0.5, 8000, seed=3)
+    for fmt, subtype in (("WAV", "GSM610"), ("WAV", "G721_32"), ("WAV", "NMS_ADPCM_16"), ("AU", "G723_24")):
+        path = tmp_path / f"a_{subtype}.{fmt.lower()}"
+        sf.write(path, x, 8000, format=fmt, subtype=subtype)
+        wav, info = load_audio(path)
+        assert info.subtype == subtype and wav.shape == (1, sf.info(str(path)).frames)
+        n = min(len(x), wav.shape[1])
+        assert np.corrcoef(wav[0, :n], x[:n])[0, 1] > 0.8, subtype  # lossy, but the same signal
+
+
 def test_bad_inputs_have_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(AudioError, match="no such file"):
         load_audio(tmp_path / "missing.wav")

@@ -89,6 +89,24 @@ def test_mp3_input_is_read(tmp_path: Path, ckpt: str) -> None:
     assert sf.info(str(tmp_path / "out.wav")).samplerate == 44100
 
 
+@pytest.mark.parametrize(("fmt", "subtype"), [("WAV", "GSM610"), ("AU", "G723_24")])
+def test_codecs_read_only_sequentially_are_enhanced(
+    tmp_path: Path, ckpt: str, fmt: str, subtype: str
+) -> None:
+    """GSM 6.10 and G.72x files are not seekable (libsndfile reads them front to back): both paths enhance them."""
+    src = tmp_path / f"call.{fmt.lower()}"
+    sf.write(src, noisy(1.0, 8000), 8000, format=fmt, subtype=subtype)
+    with sf.SoundFile(src) as f:
+        assert not f.seekable()
+        frames = f.frames
+    for flags in ([], ["--stream"]):
+        dst = tmp_path / f"out{len(flags)}.{fmt.lower()}"
+        proc = cli(str(src), "-o", str(dst), "--checkpoint", ckpt, *flags)
+        assert proc.returncode == 0, proc.stderr.decode()
+        info = sf.info(str(dst))
+        assert (info.subtype, info.samplerate, info.frames) == (subtype, 8000, frames)
+
+
 @pytest.mark.parametrize("n", [1, 100, 257])
 def test_very_short_inputs_keep_their_length(tmp_path: Path, ckpt: str, n: int) -> None:
     src = tmp_path / "short.wav"

@@ -230,6 +230,19 @@ def test_enhance_multipart_output_formats(
     assert (info.format, info.samplerate, info.channels, info.frames) == (fmt, 8000, 1, 8000)
 
 
+def test_codecs_read_only_sequentially_are_enhanced_and_analyzed(client: httpx.Client) -> None:
+    """A GSM 6.10 WAV (8 kHz telephony; libsndfile reads it front to back only) is enhanced, kept GSM 6.10."""
+    body = wav_bytes(noisy(1.0, 8000, 1), 8000, subtype="GSM610")
+    frames = sf.info(io.BytesIO(body)).frames
+    resp = client.post("/v1/enhance", content=body, headers={"Content-Type": WAV})
+    assert resp.status_code == 200, resp.text
+    info = sf.info(io.BytesIO(resp.content))
+    assert (info.subtype, info.samplerate, info.frames) == ("GSM610", 8000, frames)
+    resp = client.post("/v1/analyze", content=body, headers={"Content-Type": WAV})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["input_rms_dbfs"] < 0
+
+
 def test_enhance_with_a_named_model(client: httpx.Client) -> None:
     body = wav_bytes(noisy(0.5), 16000)
     resp = client.post(
