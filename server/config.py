@@ -41,7 +41,7 @@ class ServerConfig:
     threads: int = 0  # torch intra-op threads; 0 leaves torch's default
     max_streams: int = 8  # WebSocket streams at once
     max_stream_s: float = 3600.0  # audio seconds per WebSocket stream
-    stream_idle_timeout_s: float = 60.0  # a stream with no message for this long is closed
+    stream_idle_timeout_s: float = 60.0  # no message and none of its audio to enhance for this long: closed
     # what runs streams' steps (enhance.backends): one per model, shared by its streams
     stream_backend: str = "auto"
     load_in_background: bool = True  # serve /healthz (and 503 on /readyz) while the model loads

@@ -75,7 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
         "reduced weights, faster, about 73 / 37-46 / 36 dB from the float output)",
     )
     p.add_argument(
-        "--stream-idle-timeout", type=float, default=60.0, help="close a stream silent for this long (s)"
+        "--stream-idle-timeout",
+        type=float,
+        default=60.0,
+        help="close a stream when the client sent nothing and the server had none of its audio to enhance for this long (s)",
     )
     p.add_argument(
         "--api-key-env",

@@ -11,8 +11,9 @@ Protocol (client -> server, server -> client):
 
 Errors: ``{"type": "error", "code": ..., "error": ...}`` then close 1003 (data the server cannot take: binary
 where JSON was expected, a frame that is not whole samples, NaN/inf samples or float samples beyond ±1000,
-unknown message) or 1008 (bad start message, API key, unknown model, stream over the length limit, a client that
-reads nothing for the idle timeout), 1013 when busy or still loading. At the length limit (``--max-stream-seconds``)
+unknown message) or 1008 (bad start message, API key, unknown model, stream over the length limit, ``idle_timeout``:
+no message from the client while none of its audio was being enhanced, for ``--stream-idle-timeout``), 1013 when
+busy or still loading. At the length limit (``--max-stream-seconds``)
 the audio up to the limit is enhanced, flushed and sent before the error. A client that reads nothing for the idle
 timeout gets no message (it would not read it): its stream ends and its slot is freed. Frames over 16 MiB are closed 1009 by the
 WebSocket layer itself, with no JSON message.
@@ -31,7 +32,8 @@ import contextlib
 import functools
 import json
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio.to_thread
@@ -136,6 +138,41 @@ async def _receive(ws: WebSocket, timeout: float) -> Message:
         return await asyncio.wait_for(ws.receive(), timeout)
     except asyncio.TimeoutError:
         raise StreamError("idle_timeout", f"no message for {timeout:g} s", POLICY) from None
+
+
+class Work:
+    """When a stream's model calls ran: the idle timeout counts only time in which neither the client sent
+    anything nor the server worked on its audio (a client that sent minutes of audio at once and waits for the
+    result is not idle)."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.last_done = time.monotonic()
+
+    @contextlib.contextmanager
+    def running_call(self) -> Iterator[None]:
+        self.running += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
+            self.last_done = time.monotonic()
+
+    def idle_s(self) -> float:
+        """Seconds since the server last worked on this stream (0 while it does)."""
+        return 0.0 if self.running else time.monotonic() - self.last_done
+
+
+async def _receive_or_idle(ws: WebSocket, timeout: float, work: Work) -> Message:
+    """The client's next message; ``idle_timeout`` once neither side did anything for ``timeout`` s."""
+    waited_from = time.monotonic()
+    while True:
+        left = timeout - min(time.monotonic() - waited_from, work.idle_s())
+        try:
+            return await _receive(ws, max(left, 0.001))
+        except StreamError:
+            if min(time.monotonic() - waited_from, work.idle_s()) >= timeout:
+                raise
 
 
 def _parse_start(msg: Message) -> StreamStart:
@@ -245,9 +282,10 @@ async def _serve(ws: WebSocket, start: StreamStart) -> str:
     )
     await ws.send_json(ready.model_dump())
     inbox: Inbox[Message | StreamError] = Inbox(INBOX_MESSAGES, INBOX_BYTES)
-    reader = asyncio.create_task(_read_into(ws, inbox, cfg.stream_idle_timeout_s))
+    work = Work()
+    reader = asyncio.create_task(_read_into(ws, inbox, cfg.stream_idle_timeout_s, work))
     try:
-        return await _process(ws, inbox, session, limit, cfg.stream_idle_timeout_s)
+        return await _process(ws, inbox, session, work, limit, cfg.stream_idle_timeout_s)
     finally:
         await _stop_reader(reader, inbox)
 
@@ -266,11 +304,11 @@ async def _stop_reader(reader: asyncio.Task[None], inbox: Inbox[Message | Stream
         reader.result()
 
 
-async def _read_into(ws: WebSocket, inbox: Inbox[Message | StreamError], idle_s: float) -> None:
+async def _read_into(ws: WebSocket, inbox: Inbox[Message | StreamError], idle_s: float, work: Work) -> None:
     """Receive messages into ``inbox`` (bounded: a client far ahead of the model is throttled by TCP)."""
     while True:
         try:
-            msg = await _receive(ws, idle_s)
+            msg = await _receive_or_idle(ws, idle_s, work)
         except StreamError as err:
             await inbox.put(err)
             return
@@ -293,7 +331,9 @@ def _decode(msg: Message, start: StreamStart) -> np.ndarray:
     return x
 
 
-async def _enhance_piece(ws: WebSocket, session: Session, x: np.ndarray, limit: int, idle_s: float) -> None:
+async def _enhance_piece(
+    ws: WebSocket, session: Session, work: Work, x: np.ndarray, limit: int, idle_s: float
+) -> None:
     """Enhance ``x`` and send what became final; at the stream's length limit, the audio up to the limit is
     enhanced and sent in full (flushed), then the error."""
     state = ws.app.state
@@ -302,7 +342,8 @@ async def _enhance_piece(ws: WebSocket, session: Session, x: np.ndarray, limit: 
     last = n > room
     if last:
         x = x[:, :room]
-    y = await anyio.to_thread.run_sync(_in_worker, session.process_last if last else session.process, x)
+    with work.running_call():
+        y = await anyio.to_thread.run_sync(_in_worker, session.process_last if last else session.process, x)
     metrics.audio_seconds.inc(x.shape[1] / start.sample_rate, route="/v1/stream")
     if y.shape[1]:
         await _send(ws, encode_pcm(y, start.format), idle_s)
@@ -316,10 +357,16 @@ async def _enhance_piece(ws: WebSocket, session: Session, x: np.ndarray, limit: 
 
 
 async def _process(
-    ws: WebSocket, inbox: Inbox[Message | StreamError], session: Session, limit: int, idle_s: float
+    ws: WebSocket,
+    inbox: Inbox[Message | StreamError],
+    session: Session,
+    work: Work,
+    limit: int,
+    idle_s: float,
 ) -> str:
     """Enhance the audio messages in order. Frames that queued up while the model ran are enhanced in one call
-    (the engine gives the same samples for any split), so a stream that fell behind catches up."""
+    (the engine gives the same samples for any split), so a stream that fell behind catches up. A bad frame
+    among them ends the stream after the good frames before it were enhanced and sent, as if sent one by one."""
     start = session.start
     max_batch = int(MAX_BATCH_S * start.sample_rate)
     held: Message | StreamError | None = None
@@ -338,13 +385,17 @@ async def _process(
                 if isinstance(nxt, StreamError) or nxt.get("bytes") is None:
                     held = nxt
                     break
-                pieces.append(_decode(nxt, start))
+                try:
+                    pieces.append(_decode(nxt, start))
+                except StreamError as err:
+                    held = err
+                    break
                 n += pieces[-1].shape[1]
             x = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=1)
             # a large frame (up to 16 MiB: minutes of audio) in pieces of at most max_batch: the model's memory
             # stays that of one piece, and the samples are the same for any split
             for i in range(0, n, max_batch):
-                await _enhance_piece(ws, session, x[:, i : i + max_batch], limit, idle_s)
+                await _enhance_piece(ws, session, work, x[:, i : i + max_batch], limit, idle_s)
             continue
         try:
             message = json.loads(msg.get("text") or "")
@@ -354,7 +405,8 @@ async def _process(
             raise StreamError(
                 "bad_message", 'unknown message; send binary PCM or {"type": "end"}', UNSUPPORTED_DATA
             )
-        y = await anyio.to_thread.run_sync(_in_worker, session.finish)
+        with work.running_call():
+            y = await anyio.to_thread.run_sync(_in_worker, session.finish)
         if y.shape[1]:
             await _send(ws, encode_pcm(y, start.format), idle_s)
         await ws.send_json({"type": "done", "samples": session.sent})

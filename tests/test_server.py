@@ -626,6 +626,40 @@ def test_stream_limits(checkpoint: Path, model: Enhancer) -> None:
             assert idle.close_code == 1008
 
 
+def test_a_client_waiting_for_a_long_frame_is_not_idle() -> None:
+    """One frame of 30 s takes the bundled model several times the idle timeout to enhance; the client sends
+    nothing meanwhile, only reads. It still gets all of it back and ends the stream normally; then silence with
+    nothing left to enhance closes the next stream with idle_timeout."""
+    idle = 0.4
+    config = ServerConfig(threads=1, stream_backend="pytorch", stream_idle_timeout_s=idle)
+    x = (noisy(30.0, 16000, 1, seed=5)[:, 0]).astype("<f4")
+    with run_server(config) as srv:
+        _long_frame_comes_back_whole(srv, x, idle)
+        with connect(f"{srv.ws_url}/v1/stream", open_timeout=30) as ws:
+            _start(ws, sample_rate=16000, channels=1, format="s16le")
+            ws.send(np.zeros(1600, "<i2").tobytes())
+            while isinstance(msg := ws.recv(timeout=30), bytes):
+                pass
+            assert json.loads(msg)["code"] == "idle_timeout"
+
+
+def _long_frame_comes_back_whole(srv: RunningServer, x: np.ndarray, idle: float) -> None:
+    with connect(f"{srv.ws_url}/v1/stream", open_timeout=30) as ws:
+        _start(ws, sample_rate=16000, channels=1, format="f32le")
+        t0 = time.monotonic()
+        ws.send(x.tobytes())
+        got = 0
+        while got < len(x) - 16000:  # all but what the engine holds back
+            msg = ws.recv(timeout=60)
+            assert isinstance(msg, bytes), msg
+            got += len(msg) // 4
+        assert time.monotonic() - t0 > 2 * idle  # the test means something: the work outlasted the timeout
+        ws.send(json.dumps({"type": "end"}))
+        while isinstance(msg := ws.recv(timeout=60), bytes):
+            got += len(msg) // 4
+        assert json.loads(msg) == {"type": "done", "samples": len(x)} and got == len(x)
+
+
 def _raw_stream(url: str, start: dict[str, Any]) -> tuple[socket.socket, Any]:
     """A WebSocket client over a plain socket with a small receive buffer and timeouts (the sync client's
     blocking sends would wait for ever on a server that stopped reading): the sans-I/O protocol, started."""
@@ -701,6 +735,28 @@ def test_a_bad_frame_amid_a_flood_still_ends_the_stream(checkpoint: Path) -> Non
                     while True:  # nothing else comes: the close
                         ws.recv(timeout=10)
                 assert ws.close_code == 1003
+
+
+def test_frames_queued_before_a_bad_frame_are_enhanced_and_sent(checkpoint: Path) -> None:
+    """Frames that queue up while the model works are enhanced together; a bad frame among them ends the stream
+    only after the good frames before it came back, as when each is enhanced on its own. (They were dropped.)"""
+    config = ServerConfig(
+        threads=1, stream_backend="pytorch"
+    )  # the bundled model: the first frame takes a while
+    with run_server(config) as srv, connect(f"{srv.ws_url}/v1/stream", open_timeout=30) as ws:
+        _start(ws)
+        ws.send(bytes(2 * 16000 * 5))  # 5 s of (digital) silence
+        for _ in range(20):
+            ws.send(bytes(640))  # 20 ms each, queued behind the first
+        ws.send(b"\x00\x01\x02")  # not whole samples
+        got = 0
+        while isinstance(msg := ws.recv(timeout=60), bytes):
+            got += len(msg) // 2
+        assert json.loads(msg)["code"] == "bad_frame"
+        sent = 16000 * 5 + 20 * 320
+        assert (
+            sent - 768 <= got < sent
+        )  # all but what the engine holds back (at most 48 ms; no end, no flush)
 
 
 # ---------- concurrency, limits, timeouts ----------
