@@ -7,6 +7,7 @@ and goes on. Files are decoded on demand (``read``) or kept in memory when the p
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Iterable
@@ -19,6 +20,26 @@ import soundfile as sf
 from enhance.audio_io import AUDIO_SUFFIXES, read_blocks
 
 log = logging.getLogger(__name__)
+
+
+def content_fingerprint(
+    paths: Iterable[str | Path], val: Iterable[np.ndarray] = (), sample: int = 4096
+) -> str:
+    """What ``--resume`` compares to know the data is the same: each file's name and size, its first and last
+    ``sample`` bytes, in order, and the given arrays' samples (validation pairs in memory). Not the folders (a
+    corpus moved to another machine is the same data), nor whole files (a DNS corpus is hundreds of GB)."""
+    h = hashlib.sha256()
+    for path in map(Path, paths):
+        size = path.stat().st_size
+        h.update(f"{path.name}\0{size}\0".encode(errors="surrogateescape"))
+        with open(path, "rb") as f:
+            h.update(f.read(sample))
+            if size > sample:
+                f.seek(max(sample, size - sample))
+                h.update(f.read(sample))
+    for array in val:
+        h.update(np.ascontiguousarray(array, dtype=np.float32).tobytes())
+    return h.hexdigest()[:16]
 
 
 @dataclass(frozen=True)

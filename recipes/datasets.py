@@ -23,7 +23,7 @@ import soundfile as sf
 import torch
 
 from enhance.audio_io import AudioError, atomic_path, load_audio, load_mono_16k, resample
-from recipes.audio_pool import SILENCE_PEAK, AudioPool, Skipped, list_audio, scan
+from recipes.audio_pool import SILENCE_PEAK, AudioPool, Skipped, content_fingerprint, list_audio, scan
 from recipes.mixing import MixingConfig, MixingDataset, mix
 from recipes.paired import PairedDataset
 
@@ -98,6 +98,7 @@ class RecipeData:
     val: list[ValPair]
     skipped: list[Skipped]
     description: str
+    fingerprint: str  # the files' names, sizes and ends, and the validation samples (content_fingerprint)
 
 
 def build(cfg: DataConfig, seed: int) -> RecipeData:
@@ -144,7 +145,12 @@ def _mixing(
         f"{len(train_noise)} noise files ({train_noise.total_seconds / 60:.1f} min), "
         f"{len(val)} validation pairs, {len(skipped)} files skipped"
     )
-    return RecipeData(train, val, skipped, desc)
+    files = train_speech.paths + train_noise.paths
+    return RecipeData(train, val, skipped, desc, _fingerprint(files, val))
+
+
+def _fingerprint(files: list[str], val: list[ValPair]) -> str:
+    return content_fingerprint(files, [a for pair in val for a in (pair.noisy, pair.clean)])
 
 
 def split_pool(pool: AudioPool, fraction: float, seed: int) -> tuple[AudioPool, AudioPool]:
@@ -273,7 +279,8 @@ def _voicebank(cfg: DataConfig, seed: int) -> RecipeData:
         f"VoiceBank-DEMAND {tag}: {len(keep)} training pairs, {len(val)} validation pairs "
         f"(speakers {', '.join(val_speakers)}), {len(skipped)} files skipped"
     )
-    return RecipeData(train, val, skipped, desc)
+    sources = [str(d / name) for name, _, _ in keep for d in (noisy_dir, clean_dir)]
+    return RecipeData(train, val, skipped, desc, _fingerprint(sources, val))
 
 
 def cache_16k(src: Path, dst: Path) -> str:

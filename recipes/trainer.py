@@ -332,13 +332,20 @@ class Trainer:
         )
         # per-rank dropout masks (the weights are rank 0's, broadcast by DDP)
         torch.manual_seed(cfg.train.seed + 1_000_003 * self.dist.rank)
-        self._resumed_data: str | None = None  # a resumed run's data, as its state.pt describes it
+        # a resumed run's data as its state.pt describes it: (description, fingerprint; None before session 23)
+        self._resumed_data: tuple[str | None, str | None] | None = None
         self._prepare_run_dir()
         self.data: RecipeData = build(cfg.data, cfg.train.seed)
-        if self._resumed_data is not None and self._resumed_data != self.data.description:
+        if self._resumed_data is not None and self._data_changed(*self._resumed_data):
+            then, now = self._resumed_data[0], self.data.description
+            what = (
+                f"then: {then}; now: {now}"
+                if then != now
+                else f"{now}, as then, but files were renamed, replaced or edited"
+            )
             raise ValueError(
-                f"--resume: the data changed since the run started (then: {self._resumed_data}; now: "
-                f"{self.data.description}), so it cannot continue exactly; start a new run with --init-from "
+                f"--resume: the data changed since the run started ({what}), so it cannot continue exactly; "
+                "start a new run with --init-from "
                 f"{self.run_dir / 'last.safetensors'} to go on training these weights (their average, if the run "
                 "keeps one) on the new data"
             )
@@ -354,6 +361,12 @@ class Trainer:
         )
 
     # ----------------------------------------------------------------- run folder
+    def _data_changed(self, description: str | None, fingerprint: str | None) -> bool:
+        """Whether a resumed run's data differs from this one's (runs saved before fingerprints: the counts)."""
+        if description != self.data.description:
+            return True
+        return fingerprint is not None and fingerprint != self.data.fingerprint
+
     def _prepare_run_dir(self) -> None:
         state_path = self.run_dir / "state.pt"
         config = to_dict(self.cfg)
@@ -365,9 +378,12 @@ class Trainer:
             saved = run_folder.load_state(state_path)
             # Round-trip the saved config so fields added since it was written take their defaults.
             saved_config = to_dict(from_dict(RunConfig, saved["config"]))
-            if _without_runtime(saved_config) != _without_runtime(config):
+            changed = _differences(_without_runtime(saved_config), _without_runtime(config))
+            if changed:
                 raise ValueError(
-                    f"{self.run_dir}: --resume with a different configuration than the run was started with"
+                    f"{self.run_dir}: --resume with a different configuration than the run was started with ("
+                    + "; ".join(changed)
+                    + ")"
                 )
             self.model.load_state_dict(saved["model"])
             self.opt.load_state_dict(saved["optimizer"])
@@ -379,7 +395,7 @@ class Trainer:
                 raise ValueError(
                     f"--epochs {self.cfg.train.epochs}: the run has already done {self.pos.epoch} epochs"
                 )
-            self._resumed_data = saved.get("data")
+            self._resumed_data = (saved.get("data"), saved.get("data_fingerprint"))
             metrics = self.run_dir / "metrics.csv"
             if self.dist.is_main and metrics.is_file():
                 run_folder.truncate_csv(metrics, lambda row: int(row["epoch"]) <= self.pos.epoch)
@@ -444,6 +460,7 @@ class Trainer:
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "position": self.pos.__dict__.copy(),
             "data": self.data.description,  # --resume checks that the folders still hold the same files
+            "data_fingerprint": self.data.fingerprint,
             "rng": {
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
@@ -666,6 +683,17 @@ RUNTIME_FIELDS = ("device", "threads", "num_workers", "time_budget_minutes")
 # ... and "epochs", which only says where the run stops (no schedule depends on it): a finished run can be
 # extended, and equals a run started with the larger number.
 RESUME_OVERRIDES = (*RUNTIME_FIELDS, "epochs")
+
+
+def _differences(then: Any, now: Any, where: str = "") -> list[str]:
+    """The keys (dotted) whose values differ between two configurations, with both values."""
+    if isinstance(then, dict) and isinstance(now, dict):
+        return [
+            d
+            for key in sorted(set(then) | set(now))
+            for d in _differences(then.get(key), now.get(key), f"{where}.{key}" if where else key)
+        ]
+    return [] if then == now else [f"{where}: {then!r} then, {now!r} now"]
 
 
 def _without_runtime(config: dict[str, Any]) -> dict[str, Any]:

@@ -581,6 +581,35 @@ def test_resume_refuses_fewer_epochs_than_done_and_changed_data(
     # refused: config.json still plans 2 epochs (it said 3 after this, and a plain --resume then trained a 3rd)
     for name in ("config.json", "env.json"):
         assert (run / name).read_bytes() == before[name], name
+    # the same counts and minutes, other contents (a file replaced by one of the same length): refused too
+    state = run_folder.load_state(run / "state.pt")
+    state["data"] = run_folder.load_state(resume_runs.a / "state.pt")["data"]
+    assert len(state["data_fingerprint"]) == 16
+    state["data_fingerprint"] = "0" * 16
+    run_folder.save_state(run / "state.pt", state)
+    with in_process():
+        code = train_main(["--out", str(run), "--resume", "--epochs", "3"])
+    err = capsys.readouterr().err
+    assert code == 2 and "as then, but files were renamed, replaced or edited" in err, err
+
+
+def test_the_data_fingerprint_sees_replaced_and_renamed_files_not_moved_folders(tmp_path: Path) -> None:
+    from recipes.audio_pool import content_fingerprint
+    from tests.conftest import speech_like
+
+    x = speech_like(1.0, 16000, seed=1)
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        sf.write(tmp_path / folder / "u.wav", x, 16000)
+    same = content_fingerprint([tmp_path / "a" / "u.wav"])
+    assert content_fingerprint([tmp_path / "b" / "u.wav"]) == same  # the corpus moved: the same data
+    sf.write(tmp_path / "b" / "u.wav", speech_like(1.0, 16000, seed=2), 16000)  # same length and size
+    assert content_fingerprint([tmp_path / "b" / "u.wav"]) != same
+    (tmp_path / "a" / "u.wav").rename(tmp_path / "a" / "v.wav")
+    assert content_fingerprint([tmp_path / "a" / "v.wav"]) != same
+    val = [x[:8000], x[8000:]]
+    assert np.abs(x[8000:]).max() > 0
+    assert content_fingerprint([], val) != content_fingerprint([], [x[:8000], x[8000:] * 0.5])
 
 
 def test_resuming_keeps_the_earlier_sessions_environment(
@@ -682,9 +711,11 @@ def test_resume_with_a_changed_config_is_refused(resume_runs: ResumeRuns) -> Non
             ),
         ),
     ]
-    for new in changed:
-        with in_process(), pytest.raises(ValueError, match="different configuration"):
+    says = ["train.lr: 0.0002 then, 0.0004 now", "train.model: 'tiny' then", "data.mixing.segment_seconds"]
+    for new, what in zip(changed, says, strict=True):
+        with in_process(), pytest.raises(ValueError, match="different configuration") as err:
             Trainer(new, resume_runs.a, resume=True)
+        assert what in str(err.value)  # which setting changed, and how
     assert snapshot(resume_runs.a) == before
     with in_process():  # the unchanged config is accepted
         trainer = Trainer(cfg, resume_runs.a, resume=True)
