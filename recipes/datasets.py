@@ -51,6 +51,10 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.recipe not in RECIPES:
             raise ValueError(f"unknown recipe '{self.recipe}'; known: {', '.join(RECIPES)}")
+        if not 0 < self.val_holdout < 1:
+            raise ValueError(f"val_holdout is a fraction of the files, in (0, 1), got {self.val_holdout}")
+        if self.val_examples < 1:
+            raise ValueError(f"val_examples must be >= 1, got {self.val_examples}")
         ignored = self.ignored()
         if ignored:  # it would be recorded in config.json (and a model card) as if it had been applied
             raise ValueError(
@@ -213,7 +217,7 @@ def load_val_pairs(root: str, min_seconds: float = 0.5) -> tuple[list[ValPair], 
         else:
             bad.append(checked)
     if not out:
-        raise ValueError(f"{root}: no usable validation pairs")
+        raise ValueError(f"{root}: no usable validation pairs; skipped:{os.linesep}{describe_skipped(bad)}")
     return out, bad
 
 
@@ -258,7 +262,10 @@ def _voicebank(cfg: DataConfig, seed: int) -> RecipeData:
     val_pairs = [p for p in pairs if p[0].split("_")[0] in val_speakers]
     noisy_pool = scan([p[1] for p in train_pairs], 16000, cfg.min_seconds)
     clean_pool = scan([p[2] for p in train_pairs], 16000, cfg.min_seconds)
-    skipped += noisy_pool.skipped + clean_pool.skipped
+    # reported by the corpus' names, not the cache's
+    source = {n16: str(noisy_dir / name) for name, n16, _ in train_pairs}
+    source.update({c16: str(clean_dir / name) for name, _, c16 in train_pairs})
+    skipped += [Skipped(source[s.path], s.reason) for s in noisy_pool.skipped + clean_pool.skipped]
     good_noisy, good_clean = set(noisy_pool.paths), set(clean_pool.paths)
     keep = [p for p in train_pairs if p[1] in good_noisy and p[2] in good_clean]
     noisy_pool = noisy_pool.subset([p[1] for p in keep])
@@ -274,7 +281,12 @@ def _voicebank(cfg: DataConfig, seed: int) -> RecipeData:
         else:
             skipped.append(checked)
     if not val:
-        raise ValueError(f"{root}: no usable validation pairs (speakers {', '.join(val_speakers)})")
+        raise ValueError(
+            f"{root}: no usable validation pairs (speakers {', '.join(val_speakers)}); skipped:{os.linesep}"
+            + describe_skipped(
+                [s for s in skipped if any(f"{v}_" in Path(s.path).name for v in val_speakers)]
+            )
+        )
     desc = (
         f"VoiceBank-DEMAND {tag}: {len(keep)} training pairs, {len(val)} validation pairs "
         f"(speakers {', '.join(val_speakers)}), {len(skipped)} files skipped"

@@ -286,7 +286,7 @@ def _shared_corpus(data: dict[str, Any]) -> bool:
     return data.get("recipe") == "folders" and (any("shared/data" in p for p in speech) or _gpu_copy(data))
 
 
-def _data_lines(data: dict[str, Any], pairs_root: str) -> str:
+def _data_lines(data: dict[str, Any], pairs_root: str, swept: bool = False) -> str:
     """The card's training and evaluation data: the shared corpus with its licences, or what the run's config
     says (another corpus' licences are the user's to check)."""
     mixing = data["mixing"]
@@ -319,7 +319,7 @@ def _data_lines(data: dict[str, Any], pairs_root: str) -> str:
         source = f"`{', '.join(data.get('speech') or [])}` speech + `{', '.join(data.get('noise') or [])}` noise, {mixed}"
     return f"""- **Training data**: {source}. The licences are those of that data: check them before distributing these
   weights.
-- **Evaluation data**: `{pairs_root}`. An attenuation limit swept on the same pairs (below) was chosen on them."""
+- **Evaluation data**: `{pairs_root}`.{" An attenuation limit swept on the same pairs (below) was chosen on them." if swept else ""}"""
 
 
 def model_card(
@@ -332,6 +332,7 @@ def model_card(
     note: str = "",
     init_run: Path | None = None,
     weights: str = "best.safetensors",
+    swept: bool = False,
 ) -> str:
     cfg = json.loads((run / "config.json").read_text())
     cfg_m = ck.model.cfg
@@ -344,7 +345,7 @@ def model_card(
   frame, attention context {cfg_m.context_frames} frames, attenuation limit
   {"none" if cfg_m.max_attenuation_db is None else f"{cfg_m.max_attenuation_db:g} dB"} (`enhance-cli --max-attenuation-db`
   overrides it).
-{_data_lines(data, evaluation["pairs_root"])}
+{_data_lines(data, evaluation["pairs_root"], swept)}
 - **Training**: {_training(train, data, rows, weights, run)}{" " + note if note else ""}
 
 ## Measured on the {evaluation["n_evaluated"]} pairs of `{evaluation["pairs_root"]}`
@@ -444,11 +445,18 @@ def main(argv: list[str] | None = None) -> int:
         sweep = "\n" + sweep_table(sweep_rows, len(swept), args.sweep_select)
     evaluation = evaluate(ck.model, pairs, out, dnsmos=dnsmos, limit=args.limit, unpaired=found.warnings)
     evaluation["pairs_root"] = args.pairs
+    if evaluation["n_evaluated"] == 0:  # a card "measured on the 0 pairs" would replace the bundled model
+        print(f"error: no pair of {args.pairs} could be evaluated: nothing exported", file=sys.stderr)
+        for skipped in evaluation["skipped"]:
+            print(f"  {skipped['name']}: {skipped['reason']}", file=sys.stderr)
+        return 1
     rows = read_csv(run / "metrics.csv")
     training = {**ck.training, "evaluation": {"pairs": args.pairs, "summary": evaluation["summary"]}}
     training = json.loads(json.dumps(training, default=float).replace("NaN", "null"))
     command = "python -m recipes.export " + shlex.join(argv if argv is not None else sys.argv[1:])
-    card = model_card(args.name, ck, run, evaluation, command, rows, args.note, args.init_run, args.weights)
+    card = model_card(
+        args.name, ck, run, evaluation, command, rows, args.note, args.init_run, args.weights, bool(limits)
+    )
     card += sweep
     target = PRETRAINED_DIR / f"{args.name}.safetensors"
     staged = target.with_name(f".{target.stem}.staged.safetensors")

@@ -14,6 +14,8 @@ import torch
 from recipes.audio_pool import AudioPool
 from recipes.augment import AugmentConfig, augment, augment_rng
 
+WINDOW = 512  # the STFT window: a training segment holds at least one frame
+
 
 @dataclass(frozen=True)
 class MixingConfig:
@@ -34,8 +36,11 @@ class MixingConfig:
     repeats: int = 1
 
     def __post_init__(self) -> None:
-        if not self.segment_seconds > 0 or self.sample_rate < 1:
-            raise ValueError(f"segment_seconds must be > 0, got {self.segment_seconds}")
+        if self.sample_rate < 1 or not self.segment_seconds * self.sample_rate >= WINDOW:
+            raise ValueError(
+                f"segment_seconds must hold at least one {WINDOW}-sample STFT window "
+                f"({WINDOW / max(self.sample_rate, 1):g} s), got {self.segment_seconds}"
+            )
         for name in ("snr_db", "level_dbfs"):
             low, high = getattr(self, name)
             if not low <= high:

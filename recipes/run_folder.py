@@ -7,6 +7,7 @@
     best.safetensors   model checkpoint with the lowest validation loss (self-describing, models.checkpoint)
     last.safetensors   latest model checkpoint
     state.pt           everything --resume needs: model, optimizer, scheduler, RNG, epoch and step
+    .lock              held (flock) by the process training in the folder: a second run there is refused
 
 Every file is written to a temp file and renamed, so a killed run never leaves a torn file.
 """
@@ -28,6 +29,43 @@ import torch
 
 from enhance.audio_io import atomic_path
 from models.checkpoint import software_versions
+
+LOCK_NAME = ".lock"
+_held: dict[Path, int] = {}  # run folders this process holds: the descriptor of each one's lock
+
+
+def hold(run_dir: Path) -> None:
+    """Hold ``run_dir`` for this process until it exits: an advisory ``flock`` on its ``.lock``, which the kernel
+    releases when the process ends, however it ends (so a killed run's folder is free to ``--resume`` at once).
+    A second run started in the folder meanwhile is refused; two once wrote interleaved rows into one
+    ``metrics.csv`` and one run's settings beside the other's state. Again from the same process: nothing to do.
+    No guard where ``fcntl`` is missing (Windows)."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    key = run_dir.resolve()
+    if key in _held:
+        return
+    fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise FileExistsError(
+            f"{run_dir} is in use by a training run ({holder}); wait for it to end, or choose another folder"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+    _held[key] = fd
+
+
+def release(run_dir: Path) -> None:
+    """Free a folder :func:`hold` took (the end of a run; a process that ends frees it anyway)."""
+    fd = _held.pop(run_dir.resolve(), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor releases the flock
 
 
 def write_json(path: Path, data: Any) -> None:

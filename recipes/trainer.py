@@ -53,7 +53,8 @@ class TrainConfig:
     epochs: int = 50
     batch_size: int = 16
     lr: float = 2e-4
-    lr_patience: int = 5  # epochs without validation improvement before the lr is halved
+    # epochs without validation improvement (by > 0.01 %, relative) that are allowed: the next one halves the lr
+    lr_patience: int = 5
     lr_factor: float = 0.5
     grad_clip: float = 5.0  # max global grad norm (not in the paper; a guard against rare spikes)
     seed: int = 0
@@ -110,8 +111,12 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
-        if not (self.lr > 0 and 0 < self.lr_factor < 1 and self.lr_patience >= 0 and self.grad_clip > 0):
-            raise ValueError("lr and grad_clip must be > 0, lr_factor in (0, 1), lr_patience >= 0")
+        if not (
+            0 < self.lr < math.inf and 0 < self.lr_factor < 1 and self.lr_patience >= 0 and self.grad_clip > 0
+        ):
+            raise ValueError(
+                "lr must be finite and > 0, grad_clip > 0, lr_factor in (0, 1), lr_patience >= 0"
+            )
         if (
             self.time_budget_minutes is not None and not self.time_budget_minutes >= 0
         ):  # 0: one step, then stop
@@ -334,21 +339,13 @@ class Trainer:
         torch.manual_seed(cfg.train.seed + 1_000_003 * self.dist.rank)
         # a resumed run's data as its state.pt describes it: (description, fingerprint; None before session 23)
         self._resumed_data: tuple[str | None, str | None] | None = None
-        self._prepare_run_dir()
-        self.data: RecipeData = build(cfg.data, cfg.train.seed)
-        if self._resumed_data is not None and self._data_changed(*self._resumed_data):
-            then, now = self._resumed_data[0], self.data.description
-            what = (
-                f"then: {then}; now: {now}"
-                if then != now
-                else f"{now}, as then, but files were renamed, replaced or edited"
-            )
-            raise ValueError(
-                f"--resume: the data changed since the run started ({what}), so it cannot continue exactly; "
-                "start a new run with --init-from "
-                f"{self.run_dir / 'last.safetensors'} to go on training these weights (their average, if the run "
-                "keeps one) on the new data"
-            )
+        try:
+            self._prepare_run_dir()
+            self.data: RecipeData = build(cfg.data, cfg.train.seed)
+            self._check_resumed_data()
+        except BaseException:  # refused: the folder is free for the next try, in this process or another
+            run_folder.release(self.run_dir)
+            raise
         self._record_run()
         self.net: torch.nn.Module = (
             DistributedDataParallel(
@@ -361,15 +358,30 @@ class Trainer:
         )
 
     # ----------------------------------------------------------------- run folder
-    def _data_changed(self, description: str | None, fingerprint: str | None) -> bool:
-        """Whether a resumed run's data differs from this one's (runs saved before fingerprints: the counts)."""
-        if description != self.data.description:
-            return True
-        return fingerprint is not None and fingerprint != self.data.fingerprint
+    def _check_resumed_data(self) -> None:
+        """Refuse to resume on other data than the run's (runs saved before fingerprints: the counts only)."""
+        if self._resumed_data is None:
+            return
+        then, fingerprint = self._resumed_data
+        now = self.data.description
+        if then == now and fingerprint in (None, self.data.fingerprint):
+            return
+        what = (
+            f"then: {then}; now: {now}"
+            if then != now
+            else f"{now}, as then, but files were renamed, replaced or edited"
+        )
+        raise ValueError(
+            f"--resume: the data changed since the run started ({what}), so it cannot continue exactly; "
+            f"start a new run with --init-from {self.run_dir / 'last.safetensors'} to go on training these "
+            "weights (their average, if the run keeps one) on the new data"
+        )
 
     def _prepare_run_dir(self) -> None:
         state_path = self.run_dir / "state.pt"
         config = to_dict(self.cfg)
+        if self.dist.is_main and self.run_dir.is_dir():  # before reading what another run may be writing
+            run_folder.hold(self.run_dir)
         if state_path.is_file():
             if not self.resume:
                 raise FileExistsError(
@@ -423,6 +435,7 @@ class Trainer:
                 )
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            run_folder.hold(self.run_dir)
             # a run killed while writing a file leaves its temporary (atomic_path's ".<name>.*.tmp"): never read,
             # and the file it was for is intact, so it only needs removing
             for stale in self.run_dir.glob(".*.tmp"):
@@ -487,6 +500,13 @@ class Trainer:
 
     # ----------------------------------------------------------------- loop
     def fit(self) -> dict[str, Any]:
+        """Train to the planned epochs (or the time budget); the run folder is free again afterwards."""
+        try:
+            return self._fit()
+        finally:
+            run_folder.release(self.run_dir)
+
+    def _fit(self) -> dict[str, Any]:
         cfg = self.cfg.train
         if self.dist.is_main:
             print(

@@ -6,7 +6,9 @@ import math
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
+import soundfile as sf
 import torch
 
 from models import Enhancer, get_config
@@ -261,6 +263,15 @@ def test_export_writes_nothing_until_everything_it_needs_is_there(
     assert "config.json is missing" in capsys.readouterr().err
     assert not bundled.exists() or not list(bundled.iterdir())
     (run / "config.json").write_bytes(config)
+    bad = tmp_path / "bad-pairs" / "dev"  # no pair can be scored: exit 1, nothing shipped (it shipped a card
+    for side in ("noisy", "clean"):  # "measured on the 0 pairs", and would have replaced the default so)
+        (bad / side).mkdir(parents=True)
+        sf.write(
+            bad / side / "0001.wav", np.full(8000, np.nan if side == "noisy" else 0.1), 16000, subtype="FLOAT"
+        )
+    assert export.main([*common, "--pairs", str(bad.parent)]) == 1
+    assert "could be evaluated: nothing exported" in capsys.readouterr().err
+    assert not bundled.exists() or not list(bundled.iterdir())
     assert export.main([*common, "--attenuation-sweep", "none,12", "--sweep-pairs", "2"]) == 0
     assert sorted(p.name for p in bundled.iterdir()) == ["scratch.md", "scratch.safetensors"]
     card = (bundled / "scratch.md").read_text()
@@ -278,6 +289,7 @@ def test_export_writes_nothing_until_everything_it_needs_is_there(
     assert export.main([*common, "--weights", "ep9.safetensors"]) == 0
     card = (bundled / "scratch.md").read_text()
     assert "these weights are its file `ep9.safetensors`, not necessarily its best epoch" in card
+    assert "swept" not in card  # no --attenuation-sweep this time
     shipped = bundled / "scratch.safetensors"
     assert same_weights(run / "ep9.safetensors", shipped)
     assert not same_weights(run / "best.safetensors", shipped)

@@ -33,9 +33,13 @@ from tests.conftest import ROOT
         ({"data": {"speech": ["/a", 3]}}, r"config.data.speech\[1\]: expected str, got int"),
         # values that crashed deep in a run
         ({"train": {"batch_size": 0}}, r"batch_size must be >= 1"),
-        ({"train": {"lr": 0.0}}, r"lr and grad_clip must be > 0"),
+        ({"train": {"lr": 0.0}}, r"lr must be finite and > 0"),
+        ({"train": {"lr": 1e999}}, r"lr must be finite and > 0"),  # JSON's 1e999 is inf: NaN losses, rc 0
         ({"train": {"time_budget_minutes": -1}}, r"time_budget_minutes must be >= 0"),
-        ({"data": {"mixing": {"segment_seconds": -1}}}, r"segment_seconds must be > 0"),
+        ({"data": {"mixing": {"segment_seconds": -1}}}, r"segment_seconds must hold at least one 512-sample"),
+        ({"data": {"mixing": {"segment_seconds": 1e-5}}}, r"at least one 512-sample STFT window \(0.032 s\)"),
+        ({"data": {"val_examples": 0}}, r"val_examples must be >= 1"),  # no best.safetensors, rc 0
+        ({"data": {"val_holdout": 1.5}}, r"val_holdout is a fraction of the files, in \(0, 1\)"),
         ({"data": {"mixing": {"snr_db": [20, 0]}}}, r"snr_db must be \[low, high\] with low <= high"),
     ],
 )

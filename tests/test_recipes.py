@@ -286,8 +286,12 @@ def test_voicebank_reports_its_problems_and_resamples_a_replaced_file_again(tmp_
     short_val = root / "noisy_trainset_28spk_wav" / "p287_003.wav"
     sf.write(short_val, np.zeros(rate // 50) + 0.01, rate)  # 20 ms
     sf.write(root / "noisy_trainset_28spk_wav" / "p230_009.wav", wav, rate)  # no clean twin
+    silent_train = root / "clean_trainset_28spk_wav" / "p239_002.wav"
+    sf.write(silent_train, np.zeros(rate), rate)
     data = build(cfg, seed=0)
     reasons = {Path(s.path).name: s.reason for s in data.skipped}
+    # a training file is named as in the corpus, not as its 16 kHz copy in the cache
+    assert [s.reason[:6] for s in data.skipped if s.path == str(silent_train)] == ["silent"], data.skipped
     assert reasons["p226_002.wav"] == "the clean side is silent", reasons
     assert reasons["p287_003.wav"].startswith("too short"), reasons
     assert reasons["p230_009.wav"] == "no clean twin", reasons
@@ -302,6 +306,25 @@ def test_voicebank_reports_its_problems_and_resamples_a_replaced_file_again(tmp_
     cached = sf.read(after, dtype="float32")[0]
     fresh = resample(load_audio(train_clean)[0], rate, 16000).mean(axis=0)
     assert np.array_equal(cached, fresh.astype(np.float32))
+
+
+def test_validation_pairs_that_are_all_bad_are_listed_in_the_error(tmp_path: Path) -> None:
+    """Training refused with only "no usable validation pairs"; evaluate listed the reasons."""
+    from tests.conftest import speech_like
+
+    x = speech_like(1.0, 16000, seed=4)
+    nan = x.copy()
+    nan[10] = np.nan
+    for side in ("noisy", "clean"):
+        (tmp_path / "dev" / side).mkdir(parents=True)
+    for name, noisy in (("0001.wav", nan), ("0002.wav", x[:800])):
+        sf.write(tmp_path / "dev" / "noisy" / name, noisy, 16000, subtype="FLOAT")
+        sf.write(tmp_path / "dev" / "clean" / name, x, 16000)
+    with pytest.raises(ValueError, match="no usable validation pairs") as err:
+        load_val_pairs(str(tmp_path / "dev"))
+    lines = str(err.value).splitlines()
+    assert any("0001.wav" in ln and "NaN" in ln for ln in lines), lines
+    assert any("0002.wav" in ln and "too short" in ln for ln in lines), lines
 
 
 def test_voicebank_recipe_trains_and_evaluates(voicebank: VoiceBank, tmp_path: Path) -> None:
@@ -495,7 +518,8 @@ def test_killed_run_resumes_exactly(resume_runs: ResumeRuns) -> None:
 
 
 def snapshot(run: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(run.iterdir()) if p.is_file()}
+    """The run's files; not the lock a refused run may have taken on the folder (empty, or naming its pid)."""
+    return {p.name: p.read_bytes() for p in sorted(run.iterdir()) if p.is_file() and p.name != ".lock"}
 
 
 def test_new_run_in_a_used_folder_is_refused(
@@ -538,6 +562,38 @@ def test_resume_refuses_flags_it_would_ignore(
     err = capsys.readouterr().err
     assert "--lr" in err and "--model" in err and "cannot change" in err
     assert snapshot(resume_runs.a) == before
+
+
+def test_a_second_run_in_a_folder_in_use_is_refused(
+    resume_runs: ResumeRuns, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two runs started in one folder both ran, interleaving their rows in one metrics.csv and leaving one's
+    settings beside the other's state. The folder's lock is an flock: a killed holder frees it at once."""
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from recipes import run_folder; "
+            "run_folder.hold(Path(sys.argv[1])); print('held', flush=True); time.sleep(600)",
+            str(run),
+        ],
+        cwd=Path(__file__).resolve().parent.parent,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        with in_process():
+            code = train_main([*resume_runs.args, "--out", str(run)])
+        err = capsys.readouterr().err
+        assert code == 2 and f"is in use by a training run (pid {holder.pid} on " in err, err
+        assert sorted(p.name for p in run.iterdir()) == [".lock"]  # nothing of this run written
+    finally:
+        holder.kill()
+        holder.wait()
+    run_folder.hold(run)  # free again once the holder is gone, killed or not
+    run_folder.release(run)
 
 
 def test_a_fresh_run_over_an_earlier_runs_files_is_refused(
