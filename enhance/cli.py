@@ -1,7 +1,7 @@
 """enhance-cli: denoise speech recordings with a TIM model.
 
 Examples:
-  enhance-cli noisy.wav -o clean.wav                 one file (any format libsndfile reads, any rate/channels)
+  enhance-cli noisy.wav -o clean.wav                 one file (any format libsndfile reads, any rate, 1-64 channels)
   enhance-cli a.flac b.mp3 -o out/                   several files into a folder (same names)
   enhance-cli recordings/ -o cleaned/                a folder, recursively; sub-folders are mirrored
   enhance-cli 'takes/*.wav' -o cleaned/              a glob (quoted: expanded by enhance-cli)
@@ -19,6 +19,7 @@ Exit status: 0 when every file was enhanced, 1 when any file failed (the others 
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import json
 import os
@@ -149,7 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate", type=_ranged(1000, 384000), help="raw pipe sample rate, 1000-384000 Hz (default 16000)"
     )
     s.add_argument("--channels", type=_ranged(1, 64), help="raw pipe channels, 1-64 (default 1)")
-    p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print a machine-readable summary on stdout (on stderr, alone, when the audio goes to stdout)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no per-file lines")
     p.add_argument("--version", action="version", version=f"enhance-cli {_version()}")
     return p
@@ -257,6 +262,28 @@ def output_for(src: str, rel: str | None, output: str | None, as_dir: bool, fmt:
     return str(Path(output) / name.with_suffix(derived_suffix(src, fmt)))
 
 
+def unwritable(
+    targets: list[tuple[str, str]], output: str | None, fmt: str | None, subtype: str | None
+) -> str | None:
+    """Why an output could never be written, before the model loads (it was one failure per file, exit 1): a
+    name given with -o whose extension names no container libsndfile writes, or --subtype with a container
+    that cannot hold it. (An output named after an unreadable input is left to that file's own error.)"""
+    for _, dst in targets:
+        if dst == "-" or _special_output(dst):
+            continue
+        try:
+            container = fmt.upper() if fmt else output_format(dst)[0]
+        except AudioError as exc:
+            if dst == output:
+                return str(exc)
+            continue
+        if subtype and not sf.check_format(container, subtype.upper()):
+            return f"--subtype {subtype}: {container} files cannot hold it"
+        if container == "RAW" and not subtype:
+            return f"{dst}: RAW output has no header: name its sample format with --subtype (e.g. PCM_16)"
+    return None
+
+
 def load_model(args: argparse.Namespace) -> Checkpoint:
     if args.checkpoint:
         ck = load_checkpoint(args.checkpoint, map_location="cpu")
@@ -279,12 +306,15 @@ class Progress:
         if self.enabled:
             from tqdm import tqdm
 
-            self.rate = rate
+            self.rate, self.done = rate, 0
             self.bar = tqdm(total=round(frames / rate, 1), desc=Path(name).name[:30], unit="s", leave=False)
 
     def update(self, n: int) -> None:
+        """``n`` more input frames done: the bar shows their sum, rounded (each block rounded on its own stood
+        still for blocks under 50 ms, and over-counted those of 50-100 ms)."""
         if self.bar is not None:
-            self.bar.update(round(n / self.rate, 1))
+            self.done += n
+            self.bar.update(round(self.done / self.rate, 1) - self.bar.n)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -305,7 +335,7 @@ def run_one(
     want_maps = bool(map_path)
     pipe_in = src != "-" and _special(src)  # a named pipe, /dev/stdin, <(...): read once, into memory
     # /dev/stdout, /dev/null, a named pipe: written in place (a temp file renamed over it would replace it)
-    pipe_out = dst != "-" and _special(dst)
+    pipe_out = dst != "-" and _special_output(dst)
     if src != "-" and not pipe_in:  # (a pipe's header read here would be gone for the enhancement)
         try:
             info = sf.info(src)
@@ -409,6 +439,36 @@ def _special(src: str) -> bool:
     return os.path.exists(src) and not os.path.isfile(src) and not os.path.isdir(src)
 
 
+def _special_output(dst: str) -> bool:
+    """An output written in place, not through a temporary file renamed over it (which would replace the name
+    itself): a pipe or device, or a name reached through /dev or /proc, such as /dev/stdout, which leads to the
+    regular file a shell redirected stdout to, and which a rename replaced while that file stayed empty."""
+    if _special(dst):
+        return True
+    path = os.path.abspath(dst)
+    for _ in range(40):  # the links' chain, as the kernel follows it (at most 40)
+        if path.startswith(("/dev/", "/proc/")):
+            return True
+        if not os.path.islink(path):
+            return False
+        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+    return False
+
+
+def _is_stdout(path: str | None) -> bool:
+    """Whether an output is this process' stdout: '-', or another name for it (/dev/stdout, /proc/self/fd/1, a
+    link to them), compared by device and inode with descriptor 1: audio there leaves no room for other text."""
+    if path is None:
+        return False
+    if path == "-":
+        return True
+    try:
+        st, out = os.stat(path), os.fstat(1)
+    except (OSError, ValueError):
+        return False
+    return (st.st_dev, st.st_ino) == (out.st_dev, out.st_ino)
+
+
 def write_all(out: BinaryIO, data: bytes) -> None:
     """All of ``data`` to ``out``, or an error (a write can take part of it: a reader that went away then
     showed as a short output and exit 0)."""
@@ -467,9 +527,18 @@ def _drop_stdout() -> None:
     os.close(devnull)
 
 
-def _terminated(signum: int, frame: Any) -> None:
-    print("enhance-cli: terminated (no partial output is left)", file=sys.stderr)
+def _terminated(signum: int, frame: Any, pipe: bool = False) -> None:
+    """SIGTERM, or SIGHUP (the terminal or ssh session went away): unwind, so no temporary file is left."""
+    print("enhance-cli: terminated" + ("" if pipe else " (no partial output is left)"), file=sys.stderr)
     raise SystemExit(128 + signum)
+
+
+def _not_a_folder(folder: Path) -> Path | None:
+    """The nearest existing one of ``folder`` and its parents when it is not a folder (a file in the way)."""
+    for p in (folder, *folder.parents):
+        if p.exists():
+            return None if p.is_dir() else p
+    return None
 
 
 def _run_all(
@@ -487,6 +556,10 @@ def _run_all(
         try:
             if args.competition_map and os.path.exists(map_path) and not args.overwrite:
                 raise AudioError(f"{map_path}: competition map exists (use --overwrite)")
+            if args.competition_map:  # before the audio is written: it stayed, and the file counted as failed
+                blocked = _not_a_folder(Path(map_path).parent)
+                if blocked:
+                    raise AudioError(f"{map_path}: cannot be written, {blocked} is not a folder")
             result = run_one(ck, src, dst, args, progress, backend, map_path)
             say(f"{src} -> {dst} ({result.duration_s:.1f} s audio in {result.wall_seconds:.1f} s)")
         except Exception as exc:  # one file's failure never stops the batch, and never shows a traceback
@@ -524,6 +597,10 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
     if not inputs:
         parser.error("no input files matched")
+    if (
+        args.inputs.count("-") > 1
+    ):  # the first read all of it: the second was "empty input", after audio went out
+        parser.error("'-' (stdin) can be read only once")
     many = len(inputs) > 1
     if many and args.output == "-":
         parser.error("-o - takes a single input")
@@ -540,7 +617,9 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         targets = [(src, output_for(src, rel, args.output, as_dir, args.format)) for src, rel in inputs]
     except AudioError as exc:
         parser.error(str(exc))
-    overwritten = inputs_overwritten(targets)
+    if sys.stdout is None and any(dst == "-" for _, dst in targets):  # started with stdout closed (>&-)
+        parser.error("stdout is closed: give -o a file name")
+    overwritten = inputs_overwritten(targets) or unwritable(targets, args.output, args.format, args.subtype)
     if overwritten:
         parser.error(overwritten)
     maps = [map_target(args.competition_map, src, rel, many) for src, rel in inputs]
@@ -602,14 +681,15 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(f"enhance-cli: error: {exc}", file=sys.stderr)
         return 2
     torch.set_grad_enabled(False)
-    say = (
-        (lambda msg: None)
-        if args.quiet or (args.output == "-" and not args.json)
-        else (lambda msg: print(msg, file=sys.stderr))
-    )
+    to_stdout = _is_stdout(args.output)  # then the --json summary goes to stderr, alone
+    say = (lambda msg: None) if args.quiet or to_stdout else (lambda msg: print(msg, file=sys.stderr))
     progress = Progress(not args.quiet)
     if threading.current_thread() is threading.main_thread():  # a kill unwinds too: no temporary file is left
-        signal.signal(signal.SIGTERM, _terminated)
+        handler = functools.partial(_terminated, pipe=args.stream and "-" in args.inputs)
+        signal.signal(signal.SIGTERM, handler)
+        hangup = getattr(signal, "SIGHUP", None)  # not on Windows
+        if hangup is not None and signal.getsignal(hangup) is signal.SIG_DFL:  # (nohup: stays ignored)
+            signal.signal(hangup, handler)
     results = _run_all(ck, targets, maps, args, progress, backend, say)
     if args.json:
         out = {
@@ -619,7 +699,7 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             "failed": sum(not r.ok for r in results),
         }
         text = json.dumps(out, indent=2)
-        if args.output == "-":
+        if to_stdout:
             print(text, file=sys.stderr)
         else:
             print(text)

@@ -460,6 +460,12 @@ def test_an_existing_competition_map_is_kept_without_overwrite(tmp_path: Path, c
     assert maps.read_bytes() == b"keep me" and not dst.exists()  # refused before any output was written
     proc = cli(str(src), "-o", str(dst), "--competition-map", str(maps), "--overwrite", "--checkpoint", ckpt)
     assert proc.returncode == 0 and dst.exists() and np.load(maps)  # replaced when asked
+    # a map that cannot be written (a file where its folder would be): refused before the audio too (the audio
+    # was written, the file reported failed, and a rerun then said "output exists")
+    dst.unlink()
+    proc = cli(str(src), "-o", str(dst), "--competition-map", str(maps / "m.png"), "--checkpoint", ckpt)
+    assert proc.returncode == 1 and b"maps.npz is not a folder" in proc.stderr, proc.stderr
+    assert not dst.exists()
 
 
 def test_rerunning_on_a_folder_does_not_enhance_its_own_outputs(tmp_path: Path, ckpt: str) -> None:
@@ -482,6 +488,59 @@ def test_rerunning_on_a_folder_does_not_enhance_its_own_outputs(tmp_path: Path, 
     ]  # the beside-the-input output of the first runs is an input here (its name is all it has)
 
 
+def test_dev_stdout_as_the_output_is_written_in_place(tmp_path: Path, ckpt: str) -> None:
+    """/dev/stdout leads to the file a shell redirected stdout to: a temporary file renamed over the name
+    replaced the link (as root, /dev/stdout itself) and left the file empty; or "output exists" refused it. The
+    --json summary then goes to stderr, alone, not into the audio."""
+    src = tmp_path / "in.wav"
+    sf.write(src, noisy(1.0, 16000), 16000)
+    link = tmp_path / "mystdout.wav"  # a link of one's own into /proc, as /dev/stdout is
+    link.symlink_to("/proc/self/fd/1")
+    for out in ("/dev/stdout", str(link)):
+        dst = tmp_path / "redirected.wav"
+        dst.write_bytes(b"")  # exists: as after the shell's "> redirected.wav"
+        with open(dst, "wb") as stdout:
+            proc = subprocess.run(
+                [sys.executable, "-m", "enhance.cli", str(src), "-o", out, "--checkpoint", ckpt, "--json"],
+                stdout=stdout,
+                stderr=subprocess.PIPE,
+                env=ENV,
+                timeout=300,
+            )
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert link.is_symlink()
+        info = sf.info(str(dst))
+        assert (info.format, info.frames) == ("WAV", 16000)
+        assert dst.stat().st_size == 44 + 2 * 16000  # the audio only: no JSON after it
+        summary = json.loads(proc.stderr)  # nothing else on stderr
+        assert summary["ok"] == 1 and summary["failed"] == 0
+
+
+def test_a_full_disk_is_not_called_a_corrupt_input(tmp_path: Path, ckpt: str) -> None:
+    """A write that fails (here: the file size limit, RLIMIT_FSIZE, as a full disk fails it) was reported as
+    "corrupt audio data" of the input; the temporary file and the folder made for it are still removed."""
+    import resource
+    import signal
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing
+
+    src = tmp_path / "in.wav"
+    sf.write(src, noisy(2.0, 16000), 16000)
+    for extra in ([], ["--stream"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "enhance.cli", str(src), "-o", str(tmp_path / "o" / "x.wav"), *extra],
+            capture_output=True,
+            env={**ENV, "PYTHONDONTWRITEBYTECODE": "1"},
+            preexec_fn=small_files,
+            timeout=300,
+        )
+        assert proc.returncode == 1
+        assert b"writing the output failed" in proc.stderr and b"corrupt" not in proc.stderr, proc.stderr
+        assert not (tmp_path / "o").exists()
+
+
 def test_a_killed_run_leaves_no_temporary_file(tmp_path: Path) -> None:
     """SIGTERM (timeout, kill) in the middle of writing: the temporary output is removed, exit 128 + 15; Ctrl-C
     (SIGINT) is a one-line message and exit 130, not a traceback."""
@@ -490,7 +549,15 @@ def test_a_killed_run_leaves_no_temporary_file(tmp_path: Path) -> None:
 
     src = tmp_path / "long.wav"
     sf.write(src, noisy(240.0, 16000), 16000)
-    for sig, code, said in ((signal.SIGTERM, 143, b"terminated"), (signal.SIGINT, 130, b"interrupted")):
+    for sig, code, said in (
+        (signal.SIGTERM, 143, b"terminated"),
+        (
+            signal.SIGHUP,
+            129,
+            b"terminated",
+        ),  # the terminal or ssh session went away: it left the temporary file
+        (signal.SIGINT, 130, b"interrupted"),
+    ):
         out = tmp_path / f"out-{code}"
         # the bundled model: seconds for 240 s of audio (the tiny one was done in 0.6 s, before the signal came)
         proc = subprocess.Popen(
@@ -560,9 +627,20 @@ def test_output_container_and_sample_format(tmp_path: Path, ckpt: str) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert (sf.info(tmp_path / "i.opus").format, sf.info(tmp_path / "i.opus").subtype) == ("OGG", "OPUS")
-    proc = cli(str(tmp_path / "a24.flac"), "-o", str(tmp_path / "g.raw"), "--checkpoint", ckpt)
-    assert proc.returncode == 1 and b"cannot write '.raw' files" in proc.stderr
-    assert not (tmp_path / "g.raw").exists()
+    # outputs that could never be written are usage errors, before the model loads (they were exit 1 per file)
+    for out, extra, says in (
+        ("g.raw", [], b"cannot write '.raw' files"),
+        ("g.xyz", [], b"cannot write '.xyz' files"),
+        ("g.flac", ["--subtype", "FLOAT"], b"--subtype FLOAT: FLAC files cannot hold it"),
+        ("g", ["--format", "RAW"], b"RAW output has no header"),
+    ):
+        proc = cli(str(tmp_path / "a24.flac"), "-o", str(tmp_path / out), *extra, "--checkpoint", ckpt)
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+        assert not (tmp_path / out).exists()
+    proc = cli(
+        str(tmp_path / "a24.flac"), "-o", str(tmp_path / "g"), "--format", "RAW", "--subtype", "PCM_16"
+    )
+    assert proc.returncode == 0, proc.stderr  # headerless, as asked
     proc = cli(
         str(tmp_path / "a24.flac"), "-o", str(tmp_path / "h.wav"), "--format", "nope", "--checkpoint", ckpt
     )
@@ -730,6 +808,19 @@ def test_more_usage_errors(tmp_path: Path, ckpt: str) -> None:
     proc = cli(str(src), "-o", str(tmp_path / "o.wav"), "--competition-map", str(tmp_path / "M.NPZ"))
     assert proc.returncode == 0, proc.stderr.decode()
     assert (tmp_path / "M.NPZ").is_file()
+    # stdin twice: the first took all of it and its audio went out, then the second failed ("empty input")
+    proc = cli("-", "-", "--checkpoint", ckpt, stdin=src.read_bytes())
+    assert proc.returncode == 2 and b"can be read only once" in proc.stderr and not proc.stdout
+    # started with stdout closed (>&-): an AttributeError per file
+    proc = subprocess.run(
+        [sys.executable, "-m", "enhance.cli", str(src), "-o", "-", "--checkpoint", ckpt],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=ENV,
+        timeout=300,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert proc.returncode == 2 and b"stdout is closed" in proc.stderr, proc.stderr
 
 
 def test_opus_output_at_a_rate_opus_cannot_take(tmp_path: Path, ckpt: str) -> None:
