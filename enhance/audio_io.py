@@ -25,6 +25,7 @@ from enhance.errors import AudioError
 MODEL_RATE = 16000
 OPUS_RATES = frozenset({8000, 12000, 16000, 24000, 48000})
 VORBIS_MAX_RATE = 200_000  # libsndfile 1.2's Vorbis encoder crashes the process (SIGSEGV) above this
+FLAC_MAX_RATE = 655_350  # the format's limit: libsndfile refuses to open a FLAC output above it
 MAX_FLOAT_SAMPLE = 1000.0  # float samples beyond this are not audio (the STFT of 3e38 overflows to NaN)
 # file name suffixes treated as audio when scanning folders (CLI inputs, corpora, test sets)
 AUDIO_SUFFIXES = frozenset(
@@ -77,6 +78,20 @@ def read_blocks(f: sf.SoundFile, blocksize: int) -> Iterator[np.ndarray]:
     return f.blocks(blocksize=blocksize, frames=frames, dtype="float32", always_2d=True)
 
 
+UNKNOWN_LENGTH = 2**63 - 1  # libsndfile's frame count for a header without a length (SF_COUNT_MAX)
+
+
+def length_error(frames: int, name: str) -> str | None:
+    """Why a file's length makes it unreadable (None: it does not): a FLAC encoded to a pipe can leave its header's
+    total_samples at 0, and libsndfile then reports the largest count and fails at the first read."""
+    if frames == UNKNOWN_LENGTH:
+        return (
+            f"{name}: its header gives no length (a FLAC encoded to a pipe?), which libsndfile cannot read; "
+            "re-encode it to a file (e.g. ffmpeg -i in.flac out.flac)"
+        )
+    return None
+
+
 def read_info(source: Source) -> AudioInfo:
     """Header of an audio file without reading the samples (raises :class:`AudioError`)."""
     src = _open_source(source)
@@ -86,6 +101,9 @@ def read_info(source: Source) -> AudioInfo:
         info = sf.info(src)
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
         raise AudioError(f"{_name(source)}: not a readable audio file ({_short(exc)})") from None
+    problem = length_error(info.frames, _name(source))
+    if problem:
+        raise AudioError(problem)
     return AudioInfo(info.samplerate, info.channels, info.frames, info.format, info.subtype)
 
 
@@ -107,9 +125,14 @@ def load_audio(source: Source) -> tuple[np.ndarray, AudioInfo]:
     try:
         with sf.SoundFile(src) as f:
             info = AudioInfo(f.samplerate, f.channels, f.frames, f.format, f.subtype)
+            problem = length_error(info.frames, name)
+            if problem:
+                raise AudioError(problem)
             if info.channels > MAX_CHANNELS:
                 raise AudioError(f"{name}: {info.channels} channels (at most {MAX_CHANNELS} are enhanced)")
             data = read_frames(f)
+    except AudioError:
+        raise  # already says what is wrong (it is a ValueError too)
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
         raise AudioError(f"{name}: not a readable audio file ({_short(exc)})") from None
     wav = np.ascontiguousarray(data.T)
@@ -233,6 +256,8 @@ def codec_rate_error(fmt: str, subtype: str | None, rate: int) -> str | None:
         return f"Opus takes 8, 12, 16, 24 or 48 kHz audio and this is {rate} Hz"
     if fmt == "OGG" and subtype in (None, "VORBIS") and rate > VORBIS_MAX_RATE:
         return f"Ogg Vorbis takes audio up to {VORBIS_MAX_RATE // 1000} kHz and this is {rate} Hz"
+    if fmt == "FLAC" and rate > FLAC_MAX_RATE:
+        return f"FLAC takes audio up to {FLAC_MAX_RATE} Hz and this is {rate} Hz"
     return None
 
 

@@ -25,10 +25,12 @@ import numpy as np
 import soundfile as sf
 
 from enhance.audio_io import (
+    MAX_CHANNELS,
     MAX_FLOAT_SAMPLE,
     AudioError,
     atomic_path,
     codec_rate_error,
+    length_error,
     output_format,
     read_blocks,
     read_info,
@@ -125,6 +127,11 @@ def enhance_stream(
         rate, channels, frames = fin.samplerate, fin.channels, fin.frames
         if frames == 0:
             raise AudioError(f"{name}: contains no samples (zero-length audio)")
+        problem = length_error(frames, name)
+        if problem:
+            raise AudioError(problem)
+        if channels > MAX_CHANNELS:  # as load_audio says it (the engine's own check named no file)
+            raise AudioError(f"{name}: {channels} channels (at most {MAX_CHANNELS} are enhanced)")
         fmt = out_format or fin.format
         if fmt not in sf.available_formats():
             raise AudioError(f"{name}: cannot write format {fmt}")
@@ -163,12 +170,21 @@ def enhance_stream(
             ) from None
         with fout:
 
+            def write(y: np.ndarray) -> None:
+                try:
+                    fout.write(y)
+                except sf.LibsndfileError as exc:  # the disk, not the input (this said "corrupt audio data")
+                    raise AudioError(
+                        f"{name}: writing the output failed ({_first_line(exc).rstrip('.')}: a full disk, or a "
+                        "file size limit?)"
+                    ) from None
+
             def emit(y16: np.ndarray, last: bool = False) -> None:
                 nonlocal written
                 y = bridge.from_model(y16, last).T[: frames - written]
                 if clip:
                     y = np.clip(y, -1.0, 1.0)
-                fout.write(y)
+                write(y)
                 written += len(y)
 
             try:
@@ -190,7 +206,7 @@ def enhance_stream(
             rest = np.concatenate([run(tail), engine.flush()], axis=1)
             emit(rest, last=True)
             if written < frames:  # resampler rounding: pad the last few samples
-                fout.write(np.zeros((frames - written, channels), np.float32))
+                write(np.zeros((frames - written, channels), np.float32))
     return FileResult(
         name,
         None,

@@ -65,7 +65,7 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         415: "Content-Type is not multipart/form-data, audio/* or application/octet-stream",
         422: "audio that cannot be enhanced: `unsupported_format` (not a container/codec the server reads: "
         "convert it, e.g. to WAV), `invalid_audio` (corrupt, zero-length, all-zero, NaN/inf samples), "
-        "`unsupported_output` (the output format cannot hold the input's rate: Ogg Vorbis above 200 kHz), "
+        "`unsupported_output` (the output format cannot hold the input's rate: Ogg Vorbis above 200 kHz, FLAC above 655,350 Hz), "
         "or bad parameters",
         503: "model loading, or all enhancement slots busy and the wait queue full or too slow (see Retry-After)",
         504: "processing took longer than the request timeout",

@@ -149,7 +149,7 @@ class StreamStart(BaseModel):
     resampling: Literal["high", "low_latency"] = Field(
         "high",
         description="when sample_rate is not 16000: soxr's HQ filters (the offline path's), or its LQ ones, which "
-        "hold back less audio (at 48 kHz about 39 ms instead of 67; the output is then not the POST's to the bit)",
+        "hold back less audio (at 48 kHz about 28 ms instead of 50; the output is then not the POST's to the bit)",
     )
     high_band: Literal["gate", "drop"] = Field(
         "gate",
@@ -169,6 +169,6 @@ class StreamReady(BaseModel):
     )
     engine_latency_ms: float = Field(description="the engine's algorithmic delay (window + lookahead)")
     resampling_ms: float = Field(
-        description="the most audio the two resamplers hold back (0 at 16 kHz), measured with 10 ms frames"
+        description="the most the two resamplers add to the engine's delay (0 at 16 kHz), with 10 ms frames"
     )
     engine_sample_rate: int = 16000

@@ -128,7 +128,8 @@ def check_output(info: AudioInfo, name: str, fmt: str) -> None:
         raise ApiError(
             422,
             "unsupported_output",
-            f"{name}: {problem} (the output keeps the input's rate): ask for format=flac or wav",
+            f"{name}: {problem} (the output keeps the input's rate): ask for "
+            + " or ".join(f"format={other}" for other in OUTPUT_FORMATS if other != fmt and other != "ogg"),
         )
 
 

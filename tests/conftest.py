@@ -29,6 +29,21 @@ def speech_like(seconds: float, rate: int = 16000, seed: int = 0, f0: float = 14
     return (0.1 * voiced * envelope).astype(np.float32)
 
 
+def flac_without_length(seconds: float = 1.0, rate: int = 16000) -> bytes:
+    """A FLAC as an encoder writes it to a pipe: STREAMINFO's total_samples (the low 36 bits of bytes 10-17 of the
+    block, which starts at byte 8 after "fLaC" and its header) left 0."""
+    import io
+
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, speech_like(seconds, rate), rate, format="FLAC")
+    data = bytearray(buf.getvalue())
+    field = int.from_bytes(data[18:26], "big") & ~((1 << 36) - 1)
+    data[18:26] = field.to_bytes(8, "big")
+    return bytes(data)
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)

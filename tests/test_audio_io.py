@@ -8,10 +8,10 @@ import pytest
 import soundfile as sf
 import torch
 
-from enhance.audio_io import AudioError, load_audio, resample, save_audio
+from enhance.audio_io import AudioError, load_audio, read_info, resample, save_audio
 from enhance.offline import enhance_audio, enhance_waveform
 from models import Enhancer, get_config
-from tests.conftest import speech_like
+from tests.conftest import flac_without_length, speech_like
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,19 @@ def test_codecs_read_only_sequentially_are_loaded(tmp_path: Path) -> None:
         assert info.subtype == subtype and wav.shape == (1, sf.info(str(path)).frames)
         n = min(len(x), wav.shape[1])
         assert np.corrcoef(wav[0, :n], x[:n])[0, 1] > 0.8, subtype  # lossy, but the same signal
+
+
+def test_a_flac_without_length_and_too_many_channels_say_so(tmp_path: Path) -> None:
+    """libsndfile reports 2**63 - 1 frames for a FLAC whose header has no length, and fails at the first read;
+    65 channels was "not a readable audio file (... 65 channels ...)" from the catch-all around the read."""
+    (tmp_path / "piped.flac").write_bytes(flac_without_length())
+    assert sf.info(str(tmp_path / "piped.flac")).frames == 2**63 - 1
+    for read in (load_audio, read_info):
+        with pytest.raises(AudioError, match="its header gives no length"):
+            read(tmp_path / "piped.flac")
+    sf.write(tmp_path / "many.wav", np.full((10, 65), 0.1, np.float32), 16000)
+    with pytest.raises(AudioError, match=r"many.wav: 65 channels \(at most 64 are enhanced\)$"):
+        load_audio(tmp_path / "many.wav")
 
 
 def test_bad_inputs_have_clear_errors(tmp_path: Path) -> None:
