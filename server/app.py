@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from models import CheckpointError
@@ -59,6 +60,16 @@ EXPOSED_HEADERS = [
 ]
 
 
+def _template(scope: Scope) -> str:
+    """The route a request matched when routing left no API route in its scope: the docs, the OpenAPI schema,
+    the web page's /static mount (all of them were "unmatched"); a template or mount path, never the raw path
+    (clients choose it: the series stay bounded)."""
+    for route in getattr(scope.get("app"), "routes", ()):
+        if route.matches(scope)[0] == Match.FULL:
+            return getattr(route, "path", None) or "unmatched"
+    return "unmatched"
+
+
 class MetricsMiddleware:
     """Counts every HTTP request by route template, method and status, and times it."""
 
@@ -79,11 +90,14 @@ class MetricsMiddleware:
             await send(message)
 
         self.metrics.in_flight.inc()
+        pristine = dict(
+            scope
+        )  # routing rewrites the scope (a mount's root_path): match on the request as sent
         try:
             await self.app(scope, receive, send_status)
         finally:
             self.metrics.in_flight.dec()
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            route = getattr(scope.get("route"), "path", None) or _template(pristine)
             method = str(scope.get("method", ""))
             method = method if method in KNOWN_METHODS else "other"  # clients choose it: bound the series
             self.metrics.requests.inc(route=route, method=method, status=str(status))

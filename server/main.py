@@ -48,7 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="torch device of the models")
     p.add_argument("--max-upload-mb", type=float, default=50.0, help="largest accepted upload (MiB)")
     p.add_argument("--max-duration", type=float, default=600.0, help="longest accepted file (s)")
-    p.add_argument("--max-channels", type=int, default=8)
+    p.add_argument(
+        "--max-channels",
+        type=int,
+        default=8,
+        help="most channels in a file or a stream (default %(default)s)",
+    )
     p.add_argument(
         "--max-samples",
         type=float,
@@ -91,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="ORIGIN",
-        help="allowed CORS origin (repeatable)",
+        help="allowed CORS origin (repeatable; '*': any); also the origins whose pages may open WS /v1/stream "
+        "besides the server's own",
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument(

@@ -11,18 +11,19 @@ Protocol (client -> server, server -> client):
 
 Errors: ``{"type": "error", "code": ..., "error": ...}`` then close 1003 (data the server cannot take: binary
 where JSON was expected, a frame that is not whole samples, NaN/inf samples or float samples beyond ±1000,
-unknown message) or 1008 (bad start message, API key, unknown model, stream over the length limit, ``idle_timeout``:
-no message from the client while none of its audio was being enhanced, for ``--stream-idle-timeout``), 1013 when
-busy or still loading. At the length limit (``--max-stream-seconds``)
-the audio up to the limit is enhanced, flushed and sent before the error. A client that reads nothing for the idle
-timeout gets no message (it would not read it): its stream ends and its slot is freed. Frames over 16 MiB are closed 1009 by the
-WebSocket layer itself, with no JSON message.
+unknown message) or 1008 (bad start message, API key, more channels than ``--max-channels``, unknown model,
+stream over the length limit, ``idle_timeout``: no message from the client while none of its audio was being
+enhanced, for ``--stream-idle-timeout``), 1013 when busy or still loading. At the length limit
+(``--max-stream-seconds``) the audio up to the limit is enhanced, flushed and sent before the error. A client
+that reads nothing for the idle timeout gets no message (it would not read it): its stream ends and its slot is
+freed. Frames over 16 MiB are closed 1009 by the WebSocket layer itself, with no JSON message.
 
-A stream slot (``--max-streams``) is taken once the start message has passed the API-key check, so connections
-that never authenticate cannot hold the slots. At a rate other than 16 kHz, soxr resamples each way and holds
-back audio of its own (``ready.resampling_ms``; ``"resampling": "low_latency"`` in the start message takes
-soxr's LQ filters, which hold back less). Each connection has its own :class:`enhance.streaming.StreamingEnhancer`;
-model calls run in a worker thread, never on the event loop.
+A browser's connection from another origin than the server's own page or a ``--cors-origin`` is refused at the
+handshake (HTTP 403). A stream slot (``--max-streams``) is taken once the start message has passed the API-key
+check, so connections that never authenticate cannot hold the slots. At a rate other than 16 kHz, soxr
+resamples each way and holds back audio of its own (``ready.resampling_ms``; ``"resampling": "low_latency"`` in
+the start message takes soxr's LQ filters, which hold back less). Each connection has its own
+:class:`enhance.streaming.StreamingEnhancer`; model calls run in a worker thread, never on the event loop.
 """
 
 from __future__ import annotations
@@ -237,9 +238,24 @@ async def _send(ws: WebSocket, data: bytes, timeout: float) -> None:
         raise StreamError(SLOW_CLIENT, f"the client read nothing for {timeout:g} s", POLICY) from None
 
 
+def origin_allowed(headers: Any, allowed: tuple[str, ...]) -> bool:
+    """Whether a WebSocket's Origin may use the stream. Browsers send the page's origin, and CORS does not cover
+    WebSockets: without this check any web site could stream through the server from its visitors' browsers.
+    Allowed: no Origin (not a browser), the server's own page (same host and port), or a --cors-origin ("*": any)."""
+    origin = headers.get("origin")
+    if origin is None or "*" in allowed or origin in allowed:
+        return True
+    host = headers.get("host", "")
+    return origin in (f"http://{host}", f"https://{host}")
+
+
 async def stream_endpoint(ws: WebSocket) -> None:
     state = ws.app.state
     cfg, metrics = state.config, state.metrics
+    if not origin_allowed(ws.headers, cfg.cors_origins):
+        metrics.rejections.inc(reason="origin")
+        await ws.close(POLICY)  # before the handshake: the browser gets HTTP 403
+        return
     await ws.accept()
     slot = False
     outcome = "error"
@@ -251,6 +267,10 @@ async def stream_endpoint(ws: WebSocket) -> None:
         start = _parse_start(msg)
         if not key_matches(start.api_key or key_from_headers(ws.headers), cfg.api_key):
             raise StreamError("unauthorized", "missing or wrong API key", POLICY)
+        if start.channels > cfg.max_channels:  # as the POST's --max-channels
+            raise StreamError(
+                "too_many_channels", f"{start.channels} channels; the limit is {cfg.max_channels}", POLICY
+            )
         if state.streams_open >= cfg.max_streams:
             raise StreamError("busy", f"all {cfg.max_streams} streams are in use", TRY_LATER)
         state.streams_open += 1

@@ -627,6 +627,7 @@ def test_stream_limits(checkpoint: Path, model: Enhancer) -> None:
         max_stream_s=0.5,
         stream_idle_timeout_s=1.0,
         api_key="k",
+        max_channels=1,
     )
     with run_server(config) as srv:
         url = f"{srv.ws_url}/v1/stream"
@@ -662,6 +663,10 @@ def test_stream_limits(checkpoint: Path, model: Enhancer) -> None:
             with pytest.raises(ConnectionClosed):
                 idle.recv(timeout=10)
             assert idle.close_code == 1008
+        with connect(url, open_timeout=30) as stereo:  # --max-channels holds for streams as for the POST
+            stereo.send(json.dumps({"api_key": "k", "channels": 2}))
+            err = json.loads(stereo.recv(timeout=30))
+            assert err["code"] == "too_many_channels" and "the limit is 1" in err["error"], err
 
 
 def test_a_client_waiting_for_a_long_frame_is_not_idle() -> None:
@@ -1118,6 +1123,18 @@ def test_api_key_and_cors(checkpoint: Path) -> None:
             _start(ws, api_key="s3cret")
         with connect(f"{srv.ws_url}/v1/stream", additional_headers={"X-API-Key": "s3cret"}) as ws:
             _start(ws)
+        # browsers' pages: another site's is refused at the handshake (CORS does not cover WebSockets), the
+        # allowed origin and the server's own page are not
+        from websockets.exceptions import InvalidStatus
+
+        with pytest.raises(InvalidStatus) as refused:
+            connect(f"{srv.ws_url}/v1/stream", origin="http://evil.example", open_timeout=30)
+        assert refused.value.response.status_code == 403
+        own = f"http://127.0.0.1:{srv.port}"
+        for allowed in (origin, own):
+            with connect(f"{srv.ws_url}/v1/stream", origin=allowed, open_timeout=30) as ws:
+                _start(ws, api_key="s3cret")
+        assert 'reason="origin"' in c.get("/metrics").text
 
         pre = c.options(
             "/v1/enhance",
@@ -1174,6 +1191,17 @@ def test_metrics_count_requests_audio_and_rejections(client: httpx.Client) -> No
     assert _metric(after, "tim_http_requests_in_flight") == 1  # this request
     assert _metric(after, "process_resident_memory_bytes") > 0
     assert "# TYPE tim_http_request_duration_seconds histogram" in after
+    # the docs, the schema and the page's files by their route or mount (they were all "unmatched"); a path
+    # that matches nothing stays "unmatched", so clients cannot grow the series
+    for path in ("/docs", "/openapi.json", "/static/app.js", "/static/nope.js", "/no/such/page"):
+        client.get(path)
+    served = snapshot()
+    for route, status in (("/docs", "200"), ("/openapi.json", "200"), ("/static", "200"), ("/static", "404")):
+        assert _metric(served, "tim_http_requests_total", route=route, method="GET", status=status) >= 1, (
+            route
+        )
+    assert _metric(served, "tim_http_requests_total", route="unmatched", method="GET", status="404") >= 1
+    assert "/no/such/page" not in served and "nope.js" not in served
 
 
 # ---------- the command ----------
