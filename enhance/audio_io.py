@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,11 +52,25 @@ class AudioInfo:
 Source = str | os.PathLike[str] | BinaryIO | bytes
 
 
-def _open_source(source: Source) -> str | BinaryIO:
+def fs_path(path: str | os.PathLike[str]) -> str | bytes:
+    """A path as libsndfile can open it. A file name whose bytes are not valid UTF-8 comes to Python with
+    surrogates in it, which soundfile's strict encoding of ``str`` paths refuses ("'utf-8' codec can't
+    encode"): such a name goes as its original bytes."""
+    text = os.fspath(path)
+    if os.name == "nt":
+        return text
+    try:
+        text.encode(sys.getfilesystemencoding())
+    except UnicodeEncodeError:
+        return os.fsencode(text)
+    return text
+
+
+def _open_source(source: Source) -> str | bytes | BinaryIO:
     if isinstance(source, bytes | bytearray):
         return io.BytesIO(source)
     if isinstance(source, str | os.PathLike):
-        return os.fspath(source)
+        return fs_path(source)
     return source
 
 
@@ -95,8 +110,8 @@ def length_error(frames: int, name: str) -> str | None:
 def read_info(source: Source) -> AudioInfo:
     """Header of an audio file without reading the samples (raises :class:`AudioError`)."""
     src = _open_source(source)
-    if isinstance(src, str) and not os.path.exists(src):
-        raise AudioError(f"{src}: no such file")
+    if isinstance(src, str | bytes) and not os.path.exists(src):
+        raise AudioError(f"{_name(source)}: no such file")
     try:
         info = sf.info(src)
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
@@ -115,13 +130,13 @@ def load_audio(source: Source) -> tuple[np.ndarray, AudioInfo]:
     """
     src = _open_source(source)
     name = _name(source)
-    if isinstance(src, str):
+    if isinstance(src, str | bytes):
         if not os.path.exists(src):
-            raise AudioError(f"{src}: no such file")
+            raise AudioError(f"{name}: no such file")
         if os.path.isdir(src):
-            raise AudioError(f"{src}: is a directory")
+            raise AudioError(f"{name}: is a directory")
         if os.path.isfile(src) and os.path.getsize(src) == 0:  # a pipe has no size
-            raise AudioError(f"{src}: empty file (0 bytes)")
+            raise AudioError(f"{name}: empty file (0 bytes)")
     try:
         with sf.SoundFile(src) as f:
             info = AudioInfo(f.samplerate, f.channels, f.frames, f.format, f.subtype)
@@ -286,7 +301,7 @@ def save_audio(
         subtype = None  # e.g. VORBIS -> WAV: fall back to the container's default
     _check_rate(fmt, subtype, sample_rate)
     with atomic_path(path) as tmp:
-        sf.write(tmp, np.ascontiguousarray(wav.T), sample_rate, format=fmt, subtype=subtype)
+        sf.write(fs_path(tmp), np.ascontiguousarray(wav.T), sample_rate, format=fmt, subtype=subtype)
 
 
 def encode_audio(

@@ -33,7 +33,7 @@ from typing import Any, BinaryIO
 import soundfile as sf
 import torch
 
-from enhance.audio_io import AUDIO_SUFFIXES, AudioError, atomic_path, output_format
+from enhance.audio_io import AUDIO_SUFFIXES, AudioError, atomic_path, fs_path, output_format
 from enhance.backends import BACKENDS, streaming_backend
 from enhance.files import FileResult, enhance_bytes, enhance_file
 from enhance.pipe import stream_pcm
@@ -232,7 +232,7 @@ def derived_suffix(src: str, fmt: str | None) -> str:
         if _special(src):  # a pipe's header read here would be gone for the enhancement: WAV, as from stdin
             return ".wav"
         try:
-            fmt = sf.info(src).format
+            fmt = sf.info(fs_path(src)).format
         except Exception:
             return suffix  # unreadable: enhancing it reports why
     fmt = fmt.upper()
@@ -338,7 +338,7 @@ def run_one(
     pipe_out = dst != "-" and _special_output(dst)
     if src != "-" and not pipe_in:  # (a pipe's header read here would be gone for the enhancement)
         try:
-            info = sf.info(src)
+            info = sf.info(fs_path(src))
             progress.start(src, info.frames, info.samplerate)
         except Exception:
             pass  # enhance_file reports the problem

@@ -30,6 +30,7 @@ from enhance.audio_io import (
     AudioError,
     atomic_path,
     codec_rate_error,
+    fs_path,
     length_error,
     output_format,
     read_blocks,
@@ -118,7 +119,7 @@ def enhance_stream(
     """
     t0 = time.perf_counter()
     try:
-        fin = sf.SoundFile(src)
+        fin = sf.SoundFile(fs_path(src) if isinstance(src, str | os.PathLike) else src)
     except Exception as exc:
         # not "Error opening <_io.BytesIO object at 0x...>"
         reason = _first_line(exc).replace(repr(src), "it")
@@ -163,7 +164,14 @@ def enhance_stream(
         written = 0
         peak = 0.0
         try:
-            fout = sf.SoundFile(dst, "w", rate, channels, subtype, format=fmt)
+            fout = sf.SoundFile(
+                fs_path(dst) if isinstance(dst, str | os.PathLike) else dst,
+                "w",
+                rate,
+                channels,
+                subtype,
+                format=fmt,
+            )
         except (sf.LibsndfileError, ValueError) as exc:
             raise AudioError(
                 f"{name}: cannot write {fmt}/{subtype or 'default'} output ({_first_line(exc)})"

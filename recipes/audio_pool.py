@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from enhance.audio_io import AUDIO_SUFFIXES, read_blocks
+from enhance.audio_io import AUDIO_SUFFIXES, fs_path, read_blocks
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class AudioPool:
         """Mono float32 samples ``[start, stop)`` of file ``index`` (channels averaged)."""
         if index in self._cache:
             return self._cache[index][start:stop]
-        data, _ = sf.read(self.paths[index], start=start, stop=stop, dtype="float32", always_2d=True)
+        data, _ = sf.read(fs_path(self.paths[index]), start=start, stop=stop, dtype="float32", always_2d=True)
         return data.mean(axis=1)
 
     def preload(self, max_bytes: int = 2 << 30) -> bool:
@@ -126,7 +126,7 @@ def scan(
         reason = _problem(path, sample_rate, min_frames, silence_peak)
         if reason is None:
             pool.paths.append(path)
-            pool.frames.append(sf.info(path).frames)
+            pool.frames.append(sf.info(fs_path(path)).frames)
         else:
             pool.skipped.append(Skipped(path, reason))
             log.warning("skipping %s: %s", path, reason)
@@ -135,7 +135,7 @@ def scan(
 
 def _problem(path: str, sample_rate: int, min_frames: int, silence_peak: float) -> str | None:
     try:
-        info = sf.info(path)
+        info = sf.info(fs_path(path))
     except Exception as exc:  # libsndfile raises several types on foreign or truncated files
         return f"unreadable ({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})"
     if info.samplerate != sample_rate:
@@ -144,7 +144,7 @@ def _problem(path: str, sample_rate: int, min_frames: int, silence_peak: float) 
         return f"too short ({info.frames / sample_rate:.2f} s < {min_frames / sample_rate:.2f} s)"
     try:
         peak = 0.0
-        with sf.SoundFile(path) as f:
+        with sf.SoundFile(fs_path(path)) as f:
             for block in read_blocks(f, 1 << 16):
                 if not np.isfinite(block).all():
                     return "contains NaN or infinite samples"

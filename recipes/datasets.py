@@ -22,7 +22,7 @@ import numpy as np
 import soundfile as sf
 import torch
 
-from enhance.audio_io import AudioError, atomic_path, load_audio, load_mono_16k, resample
+from enhance.audio_io import AudioError, atomic_path, fs_path, load_audio, load_mono_16k, resample
 from recipes.audio_pool import SILENCE_PEAK, AudioPool, Skipped, content_fingerprint, list_audio, scan
 from recipes.mixing import MixingConfig, MixingDataset, mix
 from recipes.paired import PairedDataset
@@ -273,8 +273,8 @@ def _voicebank(cfg: DataConfig, seed: int) -> RecipeData:
     train = PairedDataset(noisy_pool, clean_pool, cfg.mixing.segment_samples, seed)
     val: list[ValPair] = []
     for name, n16, c16 in val_pairs:
-        noisy, _ = sf.read(n16, dtype="float32")
-        clean, _ = sf.read(c16, dtype="float32")
+        noisy, _ = sf.read(fs_path(n16), dtype="float32")
+        clean, _ = sf.read(fs_path(c16), dtype="float32")
         checked = checked_val_pair(name, noisy, clean, (noisy_dir / name, clean_dir / name), cfg.min_seconds)
         if isinstance(checked, ValPair):
             val.append(checked)
@@ -308,7 +308,7 @@ def cache_16k(src: Path, dst: Path) -> str:
     wav, info = load_audio(src)
     mono = resample(wav, info.sample_rate, 16000).mean(axis=0)
     with atomic_path(dst) as tmp:
-        sf.write(tmp, mono, 16000, format="WAV", subtype="FLOAT")
+        sf.write(fs_path(tmp), mono, 16000, format="WAV", subtype="FLOAT")
     return str(dst)
 
 

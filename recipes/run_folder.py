@@ -103,9 +103,10 @@ def out_folder_problem(out: str | Path) -> str | None:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write ``text`` atomically, readable by everyone (the temp file would otherwise stay 0600)."""
+    """Write ``text`` atomically, readable by everyone (the temp file would otherwise stay 0600). File names that
+    are not valid UTF-8 (surrogates in Python) are written as their own bytes, not refused."""
     with atomic_path(path) as tmp:
-        Path(tmp).write_text(text, encoding="utf-8", newline="")
+        Path(tmp).write_text(text, encoding="utf-8", errors="surrogateescape", newline="")
         os.chmod(tmp, 0o644)
 
 

@@ -89,6 +89,21 @@ def test_mp3_input_is_read(tmp_path: Path, ckpt: str) -> None:
     assert sf.info(str(tmp_path / "out.wav")).samplerate == 44100
 
 
+def test_file_names_that_are_not_utf8_are_enhanced(tmp_path: Path, ckpt: str) -> None:
+    """soundfile encodes str paths strictly: a name with bytes that are not UTF-8 failed ("'utf-8' codec can't
+    encode character '\\udcff'"). Such files are enhanced, and their outputs keep the same bytes in the name."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    name = b"take\xff 1.wav"
+    sf.write(os.fsencode(folder) + b"/" + name, noisy(0.5, 16000), 16000)
+    for extra in ([], ["--stream"]):
+        out = tmp_path / f"out{len(extra)}"
+        proc = cli(str(folder), "-o", f"{out}/", "--checkpoint", ckpt, *extra)
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert os.listdir(os.fsencode(out)) == [name]
+        assert sf.info(os.fsencode(out) + b"/" + name).frames == 8000
+
+
 @pytest.mark.parametrize(("fmt", "subtype"), [("WAV", "GSM610"), ("AU", "G723_24")])
 def test_codecs_read_only_sequentially_are_enhanced(
     tmp_path: Path, ckpt: str, fmt: str, subtype: str
@@ -585,15 +600,19 @@ def test_ctrl_c_while_the_command_loads_is_one_line(entry: str) -> None:
     import signal
     import time
 
-    code = f"import sys; from enhance.launch import {entry}; sys.exit({entry}())"
+    # "up" once Python runs this code (its SIGINT handler is installed by then), then the command's imports
+    code = f"import sys; print('up', flush=True); from enhance.launch import {entry}; sys.exit({entry}())"
     proc = subprocess.Popen(
         [sys.executable, "-c", code, "--help"],
         env=ENV,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    time.sleep(0.4)  # Python is up (its SIGINT handler installed) and inside the imports (about 1.5 s here)
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+    time.sleep(
+        0.1
+    )  # inside importing torch (about 1.5 s here; a fixed wait from the start was flaky under load)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     if proc.returncode == 0:  # a machine that imported everything and printed --help within 0.4 s

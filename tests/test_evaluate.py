@@ -172,7 +172,7 @@ def make_dev_set(root: Path, n: int, seconds: float, silent_clean: int | None = 
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
         return list(csv.DictReader(f))
 
 
@@ -267,6 +267,17 @@ def test_evaluate_function_converts_skips_and_limits(tmp_path: Path) -> None:
 
     limited = evaluate(model, pairs, tmp_path / "out2", dnsmos=False, limit=1, progress=False, log=None)
     assert limited["n_pairs"] == 1 and limited["summary"]["enhanced"]["n_files"] == 1
+
+    # a pair whose file name is not valid UTF-8 is scored, and the reports name it (by its own bytes): it was
+    # "not a readable audio file", then writing summary.md failed with a UnicodeEncodeError
+    odd = os.fsdecode(b"take\xff")
+    for side in ("noisy", "clean"):
+        os.rename(data / "dev" / side / "0002.wav", data / "dev" / side / f"{odd}.wav")
+    result = evaluate(model, find_pairs(data), tmp_path / "out3", dnsmos=False, progress=False, log=None)
+    assert result["n_evaluated"] == 3 and odd in [
+        r["name"] for r in read_csv(tmp_path / "out3" / "per_file.csv")
+    ]
+    assert b"take\xff" in (tmp_path / "out3" / "per_file.csv").read_bytes()
 
 
 def test_main_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
