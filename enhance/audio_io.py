@@ -8,6 +8,7 @@ with a one-line reason, never a traceback.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import sys
@@ -233,10 +234,12 @@ def fit_length(wav: np.ndarray, length: int) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str]):
+def atomic_path(path: str | os.PathLike[str], replace: bool = True):
     """Yield a temporary path beside ``path``; on success it is renamed onto ``path``, on failure removed.
 
-    Readers never see a half-written file, and an existing file is untouched when writing fails.
+    Readers never see a half-written file, and an existing file is untouched when writing fails. ``replace``
+    False: never replace a file that appeared at ``path`` meanwhile (another process writing the same output
+    after both checked it was free): ``FileExistsError`` instead, and that file stays as it was.
     """
     target = Path(path)
     made = [d for d in (target.parent, *target.parent.parents) if not d.exists()]  # deepest first
@@ -247,7 +250,10 @@ def atomic_path(path: str | os.PathLike[str]):
         yield tmp
         # mkstemp makes 0600 (and some writers replace the file): give it the permissions open() would
         os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, target)
+        if replace:
+            os.replace(tmp, target)
+        else:
+            _move_to_new(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -255,6 +261,21 @@ def atomic_path(path: str | os.PathLike[str]):
             with contextlib.suppress(OSError):
                 d.rmdir()
         raise
+
+
+def _move_to_new(tmp: str, target: Path) -> None:
+    """``tmp`` becomes ``target`` only if there is no ``target``: a hard link fails atomically when the name is
+    taken (a rename would replace it). Where the file system has no hard links, checked just before renaming."""
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        raise FileExistsError(errno.EEXIST, "written meanwhile by another process", str(target)) from None
+    except OSError:  # no hard links here (some FUSE and FAT file systems)
+        if os.path.lexists(target):
+            raise FileExistsError(errno.EEXIST, "written meanwhile by another process", str(target)) from None
+        os.replace(tmp, target)
+        return
+    os.unlink(tmp)
 
 
 def _umask() -> int:

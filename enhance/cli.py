@@ -424,8 +424,13 @@ def run_one(
         else:
             if os.path.exists(dst) and not args.overwrite:
                 raise AudioError(f"{dst}: output exists (use --overwrite)")
-            with atomic_path(dst) as tmp:
-                Path(tmp).write_bytes(encoded)
+            try:
+                with atomic_path(dst, replace=args.overwrite) as tmp:
+                    Path(tmp).write_bytes(encoded)
+            except FileExistsError:
+                raise AudioError(
+                    f"{dst}: output exists (written meanwhile by another run; use --overwrite)"
+                ) from None
         result.output = dst
         if want_maps:  # a pipe's audio cannot be read again for the map's spectrogram: its bytes are passed
             write_competition(map_path, result, ck, data)

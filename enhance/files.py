@@ -253,10 +253,15 @@ def enhance_file(
     read_info(src_p)  # an unreadable input is reported as such before anything about the output
     fmt, implied = (out_format.upper(), None) if out_format else output_format(dst_p)
     out_subtype = out_subtype or implied
-    with atomic_path(dst_p) as tmp:
-        result = enhance_stream(
-            model, str(src_p), tmp, name=str(src), out_format=fmt, out_subtype=out_subtype, **kwargs
-        )
+    try:
+        with atomic_path(dst_p, replace=overwrite) as tmp:
+            result = enhance_stream(
+                model, str(src_p), tmp, name=str(src), out_format=fmt, out_subtype=out_subtype, **kwargs
+            )
+    except FileExistsError:  # another process wrote it while this one worked: its file is kept
+        raise AudioError(
+            f"{dst}: output exists (written meanwhile by another run; use --overwrite)"
+        ) from None
     result.output = str(dst_p)
     return result
 

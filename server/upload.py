@@ -107,12 +107,24 @@ async def _parse_multipart(request: Request, body: bytes) -> tuple[bytes, str | 
     try:
         form = await parser.parse()
     except MultiPartException as exc:
-        raise ApiError(400, "bad_multipart", f"malformed multipart body: {exc.message}") from None
+        hint = ""
+        if (
+            "maximum size" in exc.message
+        ):  # a text field over 64 KiB: nearly always audio sent without a filename
+            hint = f" (a text field: send the audio as a file part, e.g. curl -F '{UPLOAD_FIELD}=@x.wav')"
+        raise ApiError(400, "bad_multipart", f"malformed multipart body: {exc.message}{hint}") from None
     except (ValueError, KeyError, AssertionError) as exc:
         raise ApiError(400, "bad_multipart", f"malformed multipart body ({type(exc).__name__})") from None
     try:
         part = form.get(UPLOAD_FIELD)
         if not isinstance(part, UploadFile):
+            if part is not None:  # a part without a file name: curl -F 'file=<x.wav' instead of 'file=@x.wav'
+                raise ApiError(
+                    422,
+                    "missing_file",
+                    f"multipart field '{UPLOAD_FIELD}' is text, not a file (it has no filename); "
+                    f"with curl: -F '{UPLOAD_FIELD}=@x.wav', not '{UPLOAD_FIELD}=<x.wav'",
+                )
             raise ApiError(422, "missing_file", f"multipart body has no file field '{UPLOAD_FIELD}'")
         data = await part.read()
         media = (part.content_type or "application/octet-stream").split(";")[0].strip().lower()

@@ -65,6 +65,27 @@ def test_a_flac_without_length_and_too_many_channels_say_so(tmp_path: Path) -> N
         load_audio(tmp_path / "many.wav")
 
 
+def test_an_output_written_meanwhile_by_another_process_is_kept(tmp_path: Path) -> None:
+    """Two runs that both found the output free: the second's rename replaced the first's file even without
+    --overwrite. Without replace, the name taken meanwhile stays as it is, and nothing else is left."""
+    from enhance.audio_io import atomic_path
+
+    target = tmp_path / "out.wav"
+    with (
+        pytest.raises(FileExistsError, match="written meanwhile by another process"),
+        atomic_path(target, replace=False) as tmp,
+    ):
+        Path(tmp).write_bytes(b"mine")
+        target.write_bytes(b"theirs")  # the other run finished first
+    assert target.read_bytes() == b"theirs" and [p.name for p in tmp_path.iterdir()] == ["out.wav"]
+    with atomic_path(tmp_path / "new.wav", replace=False) as tmp:
+        Path(tmp).write_bytes(b"mine")
+    assert (tmp_path / "new.wav").read_bytes() == b"mine" and len(list(tmp_path.iterdir())) == 2
+    with atomic_path(target) as tmp:  # replace (--overwrite): as before
+        Path(tmp).write_bytes(b"mine")
+    assert target.read_bytes() == b"mine"
+
+
 def test_bad_inputs_have_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(AudioError, match="no such file"):
         load_audio(tmp_path / "missing.wav")

@@ -334,6 +334,16 @@ def test_bad_input_is_a_structured_4xx(
             assert "limit of 1 MiB (1048576 bytes)" in err["message"], err
 
 
+def test_audio_sent_as_a_text_field_says_how_to_send_a_file(client: httpx.Client) -> None:
+    """curl -F 'file=<x.wav' sends the audio as a text field (no filename): the answer said there was "no file
+    field 'file'" (there is one), or only "Part exceeded maximum size" for real audio."""
+    other = {"other": ("o.txt", b"x", "text/plain")}  # any file part makes httpx send multipart
+    err = _error(client.post("/v1/enhance", data={"file": "RIFF...."}, files=other), 422, "missing_file")
+    assert "is text, not a file" in err["message"] and "file=@x.wav" in err["message"]
+    err = _error(client.post("/v1/enhance", data={"file": "R" * 70_000}, files=other), 400, "bad_multipart")
+    assert "file=@x.wav" in err["message"]
+
+
 def test_ogg_output_above_200_khz_is_refused_and_the_server_lives(client: httpx.Client) -> None:
     """libsndfile's Vorbis encoder crashed the whole server (SIGSEGV) on audio above 200 kHz."""
     body = {"content": wav_bytes(noisy(0.05, 256000), 256000), "headers": {"Content-Type": WAV}}
