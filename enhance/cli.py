@@ -177,6 +177,11 @@ def expand_inputs(
         elif os.path.isdir(item):
             collective = True
             root = Path(item)
+            if out_dir is not None and root.resolve() == out_dir:  # every file would be "an earlier output"
+                raise AudioError(
+                    f"-o {output} is the input folder {item}: the outputs would replace the inputs; "
+                    "choose another folder (or leave out -o: outputs go beside the inputs as *.enhanced.*)"
+                )
             files = sorted(f for f in root.rglob("*") if f.is_file() and f.suffix.lower() in AUDIO_SUFFIXES)
             kept = [f for f in files if not _earlier_output(f, out_dir, output is None)]
             left_out += len(files) - len(kept)
@@ -594,7 +599,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    inputs, left_out, collective = expand_inputs(args.inputs, args.output)
+    try:
+        inputs, left_out, collective = expand_inputs(args.inputs, args.output)
+    except AudioError as exc:
+        parser.error(str(exc))
     if left_out:
         print(
             f"enhance-cli: left out {left_out} earlier output file(s) found in the input folders",

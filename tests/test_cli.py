@@ -827,6 +827,9 @@ def test_more_usage_errors(tmp_path: Path, ckpt: str) -> None:
     proc = cli(str(src), "-o", str(tmp_path / "o.wav"), "--competition-map", str(tmp_path / "M.NPZ"))
     assert proc.returncode == 0, proc.stderr.decode()
     assert (tmp_path / "M.NPZ").is_file()
+    # the input folder as the output folder: "left out 1 earlier output file(s)", then "no input files matched"
+    proc = cli(str(tmp_path), "-o", f"{tmp_path}/", "--checkpoint", ckpt)
+    assert proc.returncode == 2 and b"is the input folder" in proc.stderr, proc.stderr
     # stdin twice: the first took all of it and its audio went out, then the second failed ("empty input")
     proc = cli("-", "-", "--checkpoint", ckpt, stdin=src.read_bytes())
     assert proc.returncode == 2 and b"can be read only once" in proc.stderr and not proc.stdout
