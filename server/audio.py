@@ -41,8 +41,8 @@ def negotiate_audio_format(query_format: str | None, accept: str | None) -> str:
         return query_format
     if not accept or not accept.strip():
         return "wav"
-    choices: list[tuple[float, int, str]] = []
-    for i, part in enumerate(accept.split(",")):
+    entries: list[tuple[str, float]] = []
+    for part in accept.split(","):
         media, *params = (p.strip() for p in part.split(";"))
         q = 1.0
         for param in params:
@@ -52,8 +52,18 @@ def negotiate_audio_format(query_format: str | None, accept: str | None) -> str:
                     q = float(value)
                 except ValueError:
                     q = 0.0
-        fmt = _ACCEPT_ALIASES.get(media.lower())
-        if fmt is not None and q > 0 and math.isfinite(q):
+        entries.append((media.lower(), q if math.isfinite(q) else 0.0))
+    # q=0 refuses a format, also where a wildcard would otherwise stand for it ("audio/wav;q=0, */*")
+    refused = {_ACCEPT_ALIASES[m] for m, q in entries if q <= 0 and m in _ACCEPT_ALIASES and "*" not in m}
+    choices: list[tuple[float, int, str]] = []
+    for i, (media, q) in enumerate(entries):
+        if q <= 0 or media not in _ACCEPT_ALIASES:
+            continue
+        if "*" in media:  # the first format in our order that was not refused
+            fmt = next((f for f in OUTPUT_FORMATS if f not in refused), None)
+        else:
+            fmt = _ACCEPT_ALIASES[media]
+        if fmt is not None and fmt not in refused:
             choices.append((-q, i, fmt))
     if not choices:
         raise ApiError(

@@ -212,6 +212,7 @@ def test_enhance_high_band_gate_or_drop(client: httpx.Client, model: Enhancer) -
         ("?format=flac", None, "audio/flac", "FLAC"),
         ("", "audio/ogg", "audio/ogg", "OGG"),
         ("", "application/json;q=0.9, audio/flac;q=0.5, audio/wav;q=0.8", "audio/wav", "WAV"),
+        ("", "audio/wav;q=0, */*", "audio/flac", "FLAC"),  # q=0 refuses WAV, also for the wildcard
         ("?format=wav", "audio/flac", "audio/wav", "WAV"),
         ("?format=FLAC", None, "audio/flac", "FLAC"),  # any case, as the CLI's --format
     ],
