@@ -234,12 +234,14 @@ def fit_length(wav: np.ndarray, length: int) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str], replace: bool = True):
+def atomic_path(path: str | os.PathLike[str], replace: bool = True, durable: bool = False):
     """Yield a temporary path beside ``path``; on success it is renamed onto ``path``, on failure removed.
 
     Readers never see a half-written file, and an existing file is untouched when writing fails. ``replace``
     False: never replace a file that appeared at ``path`` meanwhile (another process writing the same output
-    after both checked it was free): ``FileExistsError`` instead, and that file stays as it was.
+    after both checked it was free): ``FileExistsError`` instead, and that file stays as it was. ``durable``:
+    the data reaches the disk before the rename, and the rename before returning (``fsync``), so that a power cut
+    leaves the old file or the new one, never an empty one (checkpoints, a run's state).
     """
     target = Path(path)
     made = [d for d in (target.parent, *target.parent.parents) if not d.exists()]  # deepest first
@@ -250,10 +252,14 @@ def atomic_path(path: str | os.PathLike[str], replace: bool = True):
         yield tmp
         # mkstemp makes 0600 (and some writers replace the file): give it the permissions open() would
         os.chmod(tmp, 0o666 & ~_umask())
+        if durable:
+            _fsync(tmp)
         if replace:
             os.replace(tmp, target)
         else:
             _move_to_new(tmp, target)
+        if durable:
+            _fsync(target.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -261,6 +267,18 @@ def atomic_path(path: str | os.PathLike[str], replace: bool = True):
             with contextlib.suppress(OSError):
                 d.rmdir()
         raise
+
+
+def _fsync(path: str | os.PathLike[str]) -> None:
+    """Flush a file's (or a folder's entries') data to the disk; a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # a folder on Windows
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _move_to_new(tmp: str, target: Path) -> None:

@@ -67,7 +67,7 @@ def save_checkpoint(
         "versions": json.dumps(software_versions()),
     }
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    with atomic_path(path) as tmp:
+    with atomic_path(path, durable=True) as tmp:
         safetensors.torch.save_file(tensors, tmp, metadata=metadata)
 
 

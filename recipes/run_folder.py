@@ -144,7 +144,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 
 def save_state(path: Path, state: dict[str, Any]) -> None:
-    with atomic_path(path) as tmp:
+    with atomic_path(path, durable=True) as tmp:
         torch.save(state, tmp)
 
 

@@ -84,6 +84,9 @@ def test_an_output_written_meanwhile_by_another_process_is_kept(tmp_path: Path) 
     with atomic_path(target) as tmp:  # replace (--overwrite): as before
         Path(tmp).write_bytes(b"mine")
     assert target.read_bytes() == b"mine"
+    with atomic_path(tmp_path / "sub" / "state.pt", durable=True) as tmp:  # fsynced file and folder
+        Path(tmp).write_bytes(b"state")
+    assert (tmp_path / "sub" / "state.pt").read_bytes() == b"state" and len(list(tmp_path.iterdir())) == 3
 
 
 def test_bad_inputs_have_clear_errors(tmp_path: Path) -> None:
