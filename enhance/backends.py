@@ -10,18 +10,19 @@
 * ``onnxruntime``: :class:`enhance.onnx_backend.OnnxStepper` on the step exported to temporary files (up to 64
   frames per call, and a one-frame export for per-hop calls); needs the ``onnx`` extra.
 * ``onnxruntime-int8``: the same with the step's weights in int8 (:func:`enhance.onnx_backend.quantize_step`):
-  faster per 16 ms hop, but not the same samples (about 36 dB signal to difference; scores against the float
-  step in ``bench/bench_int8.py``). Chosen only by name. Creating it exports and quantises two steps: seconds of
+  faster per 16 ms hop, but not the same samples (about 32 dB signal to difference on the default model, and
+  slightly lower scores: PESQ -0.017, DNSMOS OVRL -0.016; ``bench/bench_int8.py``). Chosen only by name. Creating it exports and quantises two steps: seconds of
   start-up per CLI run or server model.
 * ``native``: :class:`enhance.native_backend.NativeStepper`, the step in plain C (compiled on first use; needs a C
   compiler): no per-operation overhead, each weight matrix read once for up to 16 frames per call, the fastest
   backend for chunks up to about 100 ms (``bench/bench_chunk_sizes.py``; from 300 ms ``torchscript`` is faster).
   Standard and TIM blocks (no SDU or MAE), CPU, float32.
 * ``native-fp16``: the same with the weight matrices and the key/value rings in float16 (half the bytes per
-  frame; float32 arithmetic): not the same samples, but close (about 73 dB signal to difference on the default
-  model; ``tests/test_native.py``). Chosen only by name.
+  frame; float32 arithmetic): not the same samples, but close (about 81 dB signal to difference on the default
+  model, median over the dev pairs; scores unchanged; ``bench/bench_int8.py``). Chosen only by name.
 * ``native-int8``: the same with the weight matrices in int8, one float scale per output column (a quarter of
-  the bytes), the rings in float16: about 37-46 dB from the float32 samples, scores unchanged
+  the bytes), the rings in float16: about 47 dB from the float32 samples (median over the dev pairs), scores
+  unchanged
   (``bench/bench_int8.py``). Chosen only by name.
 * ``auto``: ``native`` when the model can run it and the C step can be built here (a C compiler, or a build
   already cached); else ``torchscript`` when the model can run that (float32, on the CPU, a bounded attention

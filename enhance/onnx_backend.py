@@ -9,7 +9,8 @@ to float32 rounding (tested). Needs ``onnx`` (export) and ``onnxruntime`` (run):
 
 :func:`quantize_step` makes an int8 copy of an exported step (the ``onnxruntime-int8`` backend): its weights are a
 quarter of the bytes (reading them is the largest single cost of a per-hop stream). It is not the same numbers:
-the output differs from float32 by about 36 dB (signal to difference); ``bench/bench_int8.py`` scores both.
+the output differs from float32 by about 32 dB on the default model (signal to difference; ``bench/bench_int8.py``
+scores both).
 """
 
 from __future__ import annotations
