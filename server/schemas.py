@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class ErrorDetail(BaseModel):
@@ -156,6 +156,12 @@ class StreamStart(BaseModel):
         description="when sample_rate is above 16000: keep the band above 8 kHz, gated by the model's 6-8 kHz gain "
         "(gate, as POST /v1/enhance), or leave it out (drop: the 16 kHz model's band only)",
     )
+
+    @field_validator("format", "resampling", "high_band", mode="before")
+    @classmethod
+    def _any_case(cls, value: Any) -> Any:
+        """Names in any case, as the POST's query parameters take them ("GATE", "S16LE")."""
+        return value.lower() if isinstance(value, str) else value
 
 
 class StreamReady(BaseModel):

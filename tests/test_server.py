@@ -503,7 +503,12 @@ def test_stream_high_band_drop_equals_offline_without_it(server: RunningServer, 
     enhance_audio(high_band=False) (the default, gate, is test_stream_equals_offline's 44.1 kHz case)."""
     x = noisy(1.3, 48000, 1, seed=4)
     pcm = x.astype("<f4").tobytes()
-    start = {"sample_rate": 48000, "channels": 1, "format": "f32le", "high_band": "drop"}
+    start = {
+        "sample_rate": 48000,
+        "channels": 1,
+        "format": "F32LE",
+        "high_band": "Drop",
+    }  # any case, as the POST
     out, done = _stream(server, pcm, start, [4 * 480] * (len(x) // 480 + 1))
     assert done == {"type": "done", "samples": x.shape[0]}
     y = np.frombuffer(out, "<f4").reshape(-1, 1)
