@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -171,6 +171,11 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
         @app.get("/favicon.ico", include_in_schema=False)  # for clients that ask here, not the page's link
         async def favicon() -> FileResponse:
             return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
+
+        # the page itself lives at /: its links are relative, so served from /static/ it loaded nothing
+        @app.api_route("/static/index.html", methods=["GET", "HEAD"], include_in_schema=False)
+        async def index_elsewhere() -> RedirectResponse:
+            return RedirectResponse("/", status_code=308)
 
         app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     else:  # an install without the package data: the API still works

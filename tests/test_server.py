@@ -140,6 +140,9 @@ def test_page_and_static_files(client: httpx.Client) -> None:
         assert element in page.text
     assert client.get("/static/app.js").status_code == 200
     _error(client.get("/static/../config.py"), 404)
+    # the page at /static/index.html loaded none of its relative links (static/static/app.js): sent to / instead
+    moved = client.get("/static/index.html", follow_redirects=False)
+    assert moved.status_code == 308 and moved.headers["location"] == "/"
 
 
 def test_openapi_documents_the_api(client: httpx.Client) -> None:

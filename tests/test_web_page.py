@@ -1,7 +1,7 @@
 """The web page in headless Chromium (Playwright driving the system's Debian chromium): upload, enhance, draw.
 
-Skipped (with the reason) when chromium or Playwright is missing. Recording from the microphone is not tested
-(headless Chromium has no microphone); it ends in the same code path as the upload after a WAV conversion.
+Skipped (with the reason) when chromium or Playwright is missing. Recording runs on Chromium's fake microphone
+(a tone); it ends in the same code path as the upload after a WAV conversion.
 """
 
 from __future__ import annotations
@@ -85,15 +85,26 @@ class Browser:
 
 
 @contextmanager
-def browser_on(srv: Any) -> Iterator[Browser]:
+def browser_on(
+    srv: Any, width: int = 1280, scale: float = 1.0, microphone: bool = False
+) -> Iterator[Browser]:
+    """A page in headless Chromium; ``microphone``: Chromium's fake one (a tone), allowed without asking."""
     sync_api = pytest.importorskip(
         "playwright.sync_api", reason="Playwright is not installed (pip install playwright)"
     )
     assert CHROMIUM is not None
+    args = CHROMIUM_ARGS + (
+        ["--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"] if microphone else []
+    )
     with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=args, headless=True)
         try:
-            yield Browser(browser.new_page(viewport={"width": 1280, "height": 1100}))
+            context = browser.new_context(
+                viewport={"width": width, "height": 1100},
+                device_scale_factor=scale,
+                permissions=["microphone"] if microphone else [],
+            )
+            yield Browser(context.new_page())
         finally:
             browser.close()
 
@@ -344,3 +355,63 @@ def test_the_busy_message_gives_way_to_the_runs_own_status_after_the_retry(tmp_p
         busy = max(i for i, s in enumerate(statuses) if s.startswith("Server busy"))
         assert statuses[busy + 1] == "Enhancing a.wav…", statuses
         assert not b.errors, b.errors
+
+
+# every microphone stream the page opens, to count the tracks still live afterwards
+TRACK_STREAMS = """(() => {
+    window.__streams = [];
+    const get = navigator.mediaDevices.getUserMedia.bind(navigator.mediaDevices);
+    navigator.mediaDevices.getUserMedia = async (c) => { const s = await get(c); window.__streams.push(s); return s; };
+})()"""
+LIVE_TRACKS = "window.__streams.flatMap((s) => s.getTracks()).filter((t) => t.readyState === 'live').length"
+
+
+def test_record_twice_quickly_then_stop_leaves_no_microphone_on(tmp_path: Path) -> None:
+    """A second click on Record while the first waited for the microphone opened a second stream, whose recorder
+    was forgotten: after Stop the microphone stayed on. Now Record is disabled at the first click; the recording
+    is enhanced as an upload is, and the keyboard focus moves Record -> Stop -> Record."""
+    ck = tiny_checkpoint(tmp_path / "tiny.safetensors")
+    with (
+        run_server(ServerConfig(checkpoints=(str(ck),), threads=1)) as srv,
+        browser_on(srv, microphone=True) as b,
+    ):
+        page = b.page
+        page.add_init_script(TRACK_STREAMS)
+        page.goto(srv.url + "/")
+        page.wait_for_function(MODELS_LISTED, timeout=20000)
+        page.evaluate(
+            "document.getElementById('record-btn').click(); document.getElementById('record-btn').click()"
+        )
+        page.wait_for_function("!document.getElementById('stop-btn').disabled", timeout=20000)
+        assert page.evaluate("document.activeElement.id") == "stop-btn"
+        page.wait_for_timeout(1500)  # a recording of about 1.5 s
+        page.evaluate("document.body.dataset.state = 'idle'")
+        page.click("#stop-btn")
+        page.wait_for_function(ENDED, timeout=60000, polling=100)
+        assert page.evaluate("document.body.dataset.state") == "done", b.status()
+        assert page.evaluate("window.__streams.length") == 1
+        assert page.evaluate(LIVE_TRACKS) == 0
+        assert page.evaluate("document.activeElement.id") == "record-btn"
+        assert not b.errors, b.errors
+
+
+def test_competition_maps_are_drawn_at_the_screens_width(tmp_path: Path) -> None:
+    """On a phone-wide screen the fixed 1200-pixel drawing was shrunk to about 311 pixels: 3-pixel labels, 5-pixel
+    rows. Now the canvas is drawn at its width on screen and the screen's pixel density."""
+    ck = tiny_checkpoint(tmp_path / "tiny.safetensors")
+    audio = tmp_path / "talk.wav"
+    audio.write_bytes(wav_bytes(noisy(2.0, 16000, 1), 16000))
+    config = ServerConfig(checkpoints=(str(ck),), threads=1)
+    with run_server(config) as srv, browser_on(srv, width=375, scale=2.0) as b:
+        page = b.page
+        page.goto(srv.url + "/")
+        page.wait_for_function(MODELS_LISTED, timeout=20000)
+        assert b.upload(audio) == "done", b.status()
+        css_width, pixels = page.evaluate(
+            "(() => { const c = document.getElementById('competition-canvas'); return [c.clientWidth, c.width]; })()"
+        )
+        assert css_width < 375 and pixels == round(css_width * 2)
+        # one mechanism row is 18 CSS pixels whatever the width: the tiny model has one TIM block of 2
+        css_height = page.evaluate("document.getElementById('competition-canvas').clientHeight")
+        assert css_height == pytest.approx((2 * 18 + 10 + 10 + 18), abs=2)
+        assert page.evaluate(NON_BLANK, "competition-canvas") > 0.2

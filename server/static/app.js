@@ -178,16 +178,22 @@ async function drawSpectrograms(noisyBlob, enhancedBlob, isCurrent) {
 
 // ---------- competition maps ----------
 
+// Drawn at the canvas' own width on screen (and the screen's pixel density): a fixed 1200-pixel drawing shrunk
+// to a phone's width left 3-pixel labels and 5-pixel rows. Redrawn when the window's width changes.
+let lastAnalysis = null;
 function drawCompetition(canvas, analysis) {
-  const ctx = canvas.getContext("2d"), label = 70, rowH = 18, gap = 10, axis = 18;
+  lastAnalysis = analysis;
+  const px = window.devicePixelRatio || 1;
+  canvas.width = Math.round(Math.max(canvas.clientWidth || 600, 240) * px);
+  const ctx = canvas.getContext("2d"), label = 70 * px, rowH = 18 * px, gap = 10 * px, axis = 18 * px;
   const blocks = analysis.blocks;
   const mechanisms = (b) => (b.maps.length ? b.maps[0].length : analysis.n_mechanisms);
   canvas.height = Math.max(40, blocks.reduce((h, b) => h + mechanisms(b) * rowH + gap, 0) + gap + axis);
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, canvas.width, canvas.height);
   ctx.fillStyle = "#333";
-  ctx.font = "12px system-ui, sans-serif";
-  if (!blocks.length) { ctx.fillText("this model has no competition maps", 10, 24); return; }
+  ctx.font = `${12 * px}px system-ui, sans-serif`;
+  if (!blocks.length) { ctx.fillText("this model has no competition maps", 10 * px, 24 * px); return; }
   let y = gap;
   for (const block of blocks) {
     const frames = block.maps.length, ns = mechanisms(block);
@@ -195,17 +201,25 @@ function drawCompetition(canvas, analysis) {
     ctx.imageSmoothingEnabled = false;
     ctx.drawImage(img, label, y, canvas.width - label - 4, ns * rowH);
     ctx.fillStyle = "#333";
-    ctx.fillText(`block ${block.block}`, 6, y + (ns * rowH) / 2 + 4);
+    ctx.fillText(`block ${block.block}`, 6 * px, y + (ns * rowH) / 2 + 4 * px);
     y += ns * rowH + gap;
   }
-  const span = canvas.width - label - 4, step = Math.max(0.5, Math.ceil(analysis.duration_s / 10 * 2) / 2);
+  const span = canvas.width - label - 4 * px;
+  const ticks = Math.max(2, Math.floor(span / (60 * px)));  // labels about 60 screen pixels apart at least
+  const step = Math.max(0.5, Math.ceil((analysis.duration_s / ticks) * 2) / 2);
   ctx.fillStyle = "#666";
   for (let t = 0; t <= analysis.duration_s + 1e-9; t += step) {
     const x = label + (span * t) / Math.max(analysis.duration_s, 1e-9);
-    ctx.fillRect(x, y - gap + 2, 1, 4);
-    ctx.fillText(`${t.toFixed(1)} s`, Math.min(x, canvas.width - 30), y + 10);
+    ctx.fillRect(x, y - gap + 2 * px, px, 4 * px);
+    ctx.fillText(`${t.toFixed(1)} s`, Math.min(x, canvas.width - 30 * px), y + 10 * px);
   }
 }
+let drawnWidth = window.innerWidth;
+window.addEventListener("resize", () => {
+  if (!lastAnalysis || window.innerWidth === drawnWidth) return;
+  drawnWidth = window.innerWidth;
+  drawCompetition($("competition-canvas"), lastAnalysis);
+});
 
 function escapeHtml(s) {
   return String(s).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
@@ -236,6 +250,7 @@ function clearResults() {
     c.getContext("2d").clearRect(0, 0, c.width, c.height);
   }
   $("analysis-summary").innerHTML = "";
+  lastAnalysis = null;
 }
 
 async function run(blob, name) {
@@ -294,11 +309,16 @@ async function run(blob, name) {
     showSummary(analysis);
     const note = await spectra;
     check();
-    setState("done", `Done: ${name} (${analysis.duration_s.toFixed(2)} s) enhanced in ${seconds} s.${note}`);
+    setState("done", `Done: ${name} (${analysis.duration_s.toFixed(2)} s) enhanced in ${seconds} s.${note}${stillRecording()}`);
   } catch (err) {
     if (!isCurrent()) return;  // a newer run owns the page
-    setState("error", `Error: ${err.message}`);
+    setState("error", `Error: ${err.message}${stillRecording()}`);
   }
+}
+
+// a run that ends while the microphone records must not leave "Done" as the last word: the mic is still live
+function stillRecording() {
+  return recorder && recorder.state === "recording" ? " (Recording continues: press Stop when done.)" : "";
 }
 
 async function loadModels() {
@@ -327,25 +347,35 @@ async function loadModels() {
 }
 
 async function startRecording() {
+  // disabled at once, before the permission prompt: a second click while it was open opened a second
+  // microphone stream, whose recorder was then forgotten and kept the microphone on after Stop
+  $("record-btn").disabled = true;
   try {
     const stream = await navigator.mediaDevices.getUserMedia({ audio: true });
     const chunks = [];
-    recorder = new MediaRecorder(stream);
-    recorder.ondataavailable = (e) => chunks.push(e.data);
-    recorder.onstop = async () => {
+    const rec = new MediaRecorder(stream);
+    recorder = rec;
+    rec.ondataavailable = (e) => chunks.push(e.data);
+    rec.onstop = async () => {
       stream.getTracks().forEach((t) => t.stop());
       $("record-btn").disabled = false; $("stop-btn").disabled = true;
+      $("record-btn").focus();  // the focused Stop is disabled now: keep keyboard users in place
+      let wav;
       try {  // MediaRecorder gives webm/ogg-opus; send WAV, which the server always reads
-        const wav = encodeWav(await decode(new Blob(chunks, { type: recorder.mimeType }), CONVERT_RATE));
-        await run(wav, "recording.wav");
+        wav = encodeWav(await decode(new Blob(chunks, { type: rec.mimeType }), CONVERT_RATE));
       } catch (err) {
-        setState("error", `Recording: ${err.message}`);
+        clearResults();  // nothing of an earlier file stays on screen under this error
+        setState("error", `Recording: nothing could be decoded (${err.message}); record for a moment longer.`);
+        return;
       }
+      await run(wav, "recording.wav");
     };
-    recorder.start();
-    $("record-btn").disabled = true; $("stop-btn").disabled = false;
+    rec.start();
+    $("stop-btn").disabled = false;
+    $("stop-btn").focus();
     setState("working", "Recording… press Stop when done.");
   } catch (err) {
+    $("record-btn").disabled = false;
     setState("error", `Microphone: ${err.message}`);
   }
 }
