@@ -211,10 +211,20 @@ def load_mono_16k(source: Source) -> tuple[np.ndarray, int, int]:
     return resample(wav[:1], info.sample_rate, MODEL_RATE)[0], info.sample_rate, info.channels
 
 
+def whole_rate(rate: float) -> int:
+    """A sample rate as an int: 44100.0 is 44100 (a float rate crashed the high band's indexing); 44100.5, 0 and
+    negative ones are refused."""
+    if isinstance(rate, bool) or not float(rate).is_integer() or rate < 1:
+        raise ValueError(f"sample_rate must be a whole number of Hz above 0, got {rate!r}")
+    return int(rate)
+
+
 def resample(wav: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
     """Resample ``[channels, samples]`` float32 with soxr (high quality); identity when the rates match."""
     if rate_in == rate_out:
         return wav
+    if wav.dtype not in (np.float32, np.float64):  # soxr takes float32/64 and int16/32 only (float16 failed)
+        wav = wav.astype(np.float32)
     out = soxr.resample(np.ascontiguousarray(wav.T), rate_in, rate_out, quality="HQ")
     return np.ascontiguousarray(np.asarray(out, dtype=np.float32).reshape(-1, wav.shape[0]).T)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from models.enhancer import Enhancer, EnhancerOutput
+from models.enhancer import Enhancer, EnhancerOutput, WeightsWatch
 from models.static_step import StaticStep
 
 
@@ -51,6 +51,7 @@ class FixedStepper:
         self.static = StaticStep(model)  # raises for a model it does not cover
         self.model = model
         self.built_limit = model.cfg.max_attenuation_db
+        self.weights = WeightsWatch(model)
         self.n_bins = model.cfg.pre_encoder.n_bins
         self.n_maps = len(model.competition_blocks)
         self.context = model.cfg.context_frames
@@ -111,6 +112,7 @@ class FixedStepper:
         final: bool = False,
         return_competition: bool = False,
     ) -> tuple[EnhancerOutput, FixedState]:
+        self.weights.check(type(self).__name__)  # the static step holds fused copies of them
         if self.limit_baked_in and self.model.cfg.max_attenuation_db != self.built_limit:
             raise ValueError(
                 f"this {type(self).__name__} was built with the model's attenuation limit "

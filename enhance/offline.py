@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from enhance.audio_io import MODEL_RATE, check_audio, fit_length, resample
+from enhance.audio_io import MODEL_RATE, check_audio, fit_length, resample, whole_rate
 from enhance.high_band import high_band_output
 from enhance.stft import log_magnitude, rebuild, stft
-from models.enhancer import Enhancer
+from models.enhancer import Enhancer, eval_mode
 
 
 @dataclass
@@ -33,7 +33,8 @@ def enhance_waveform(model: Enhancer, wav: np.ndarray, return_competition: bool 
     param = next(model.parameters())
     x = torch.from_numpy(np.ascontiguousarray(wav)).to(device=param.device, dtype=param.dtype)
     spec = stft(x, model.cfg.stft)  # [C, T, F]
-    out = model(log_magnitude(spec), return_competition=return_competition)
+    with eval_mode(model):
+        out = model(log_magnitude(spec), return_competition=return_competition)
     y = rebuild(out.log_mag, spec, model.cfg.stft, wav.shape[1])
     maps = [c.float().cpu().numpy() for c in out.competition] if out.competition is not None else None
     return Enhanced(y.float().cpu().numpy(), maps)
@@ -51,6 +52,7 @@ def enhance_audio(
     8 kHz (:mod:`enhance.high_band`); False: the output holds the 16 kHz model's band only."""
     wav = np.asarray(wav)
     check_audio(wav)
+    sample_rate = whole_rate(sample_rate)
     x = resample(wav, sample_rate, MODEL_RATE)
     stand_in = x.shape[1] == 0
     if stand_in:  # fewer input samples than one at 16 kHz: enhance one

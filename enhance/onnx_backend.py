@@ -29,7 +29,7 @@ import torch
 
 from enhance.audio_io import atomic_path
 from enhance.fixed_step import FixedStepper
-from models.enhancer import Enhancer
+from models.enhancer import Enhancer, weights_digest
 from models.static_step import StaticStep
 
 
@@ -83,7 +83,51 @@ def export_step(
             opset_version=opset,
             dynamo=False,
         )
+        _write_origin(tmp, origin(model))
     return Path(path)
+
+
+# what a step file records of the model it was exported from, checked by OnnxStepper against the model it is
+# given: a file run beside a model with another attenuation limit or other weights gave other samples, silently
+ORIGIN_KEYS = ("tim_enhance.max_attenuation_db", "tim_enhance.weights_sha256")
+
+
+def origin(model: Enhancer) -> dict[str, str]:
+    limit = model.cfg.max_attenuation_db
+    return dict(
+        zip(
+            ORIGIN_KEYS, ("none" if limit is None else repr(float(limit)), weights_digest(model)), strict=True
+        )
+    )
+
+
+def _write_origin(path: str | os.PathLike[str], props: dict[str, str]) -> None:
+    import onnx
+
+    proto = onnx.load(str(path))
+    kept = [p for p in proto.metadata_props if p.key not in props]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(kept)
+    for key, value in props.items():
+        proto.metadata_props.add(key=key, value=value)
+    onnx.save(proto, str(path))
+
+
+def _check_origin(path: str | os.PathLike[str], session: Any, model: Enhancer) -> None:
+    """Refuse a step file made from another attenuation limit or other weights than ``model``'s."""
+    found = session.get_modelmeta().custom_metadata_map
+    again = "export it again from this model (python -m enhance.onnx_backend, or export_step)"
+    if not all(key in found for key in ORIGIN_KEYS):
+        raise ValueError(f"{path} does not say which weights and attenuation limit it holds: {again}")
+    want = origin(model)
+    limit_key, weights_key = ORIGIN_KEYS
+    if found[limit_key] != want[limit_key]:
+        raise ValueError(
+            f"{path} was exported with the attenuation limit {found[limit_key]} dB and the model's is "
+            f"{want[limit_key]}: {again} (after set_max_attenuation)"
+        )
+    if found[weights_key] != want[weights_key]:
+        raise ValueError(f"{path} was exported from other weights than this model's: {again}")
 
 
 _ROOT_LOGGER_LOCK = threading.Lock()
@@ -128,7 +172,15 @@ def quantize_step(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> P
         folded = Path(tmp) / "folded.onnx"
         quant_pre_process(str(src), str(folded), skip_symbolic_shape=True)
         quantize_dynamic(str(folded), out, weight_type=QuantType.QInt8, reduce_range=True)
+        _write_origin(out, _read_origin(src))  # the quantiser writes a new model: the float step's record
     return Path(dst)
+
+
+def _read_origin(path: str | os.PathLike[str]) -> dict[str, str]:
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    return {p.key: p.value for p in proto.metadata_props if p.key in ORIGIN_KEYS}
 
 
 class OnnxStepper(FixedStepper):
@@ -150,7 +202,10 @@ class OnnxStepper(FixedStepper):
         super().__init__(model)
         self.step_bytes = os.path.getsize(path)  # the main step file's size (weights included)
         self.session = _open(path, threads, frames=None)
+        _check_origin(path, self.session, model)
         self.one_frame_session = None if one_frame is None else _open(one_frame, threads, frames=1)
+        if one_frame is not None:
+            _check_origin(one_frame, self.one_frame_session, model)
 
     def run(self, feed: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         one = self.one_frame_session is not None and feed["feat"].shape[1] == 1

@@ -8,8 +8,12 @@ Output frame t depends on input frames ``t - receptive_past ... t + lookahead`` 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import math
+import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -227,6 +231,57 @@ def _step(model: Enhancer, feats: torch.Tensor, state: EnhancerState, final: boo
     log_mag = model.output_stage(pending[:, :n_out], h)
     state = EnhancerState(conv, new_kv, pending[:, n_out:], state.frames_out + n_out)
     return EnhancerOutput(log_mag, maps if return_competition else None), state
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode (no dropout) for the block, and in the mode it was in afterwards: enhancing with a
+    model in training mode (a new Enhancer is) gave other samples on every call, and switching it to eval for
+    good switched dropout off in the caller's training loop."""
+    was_training = model.training
+    if was_training:
+        model.eval()
+    try:
+        yield model
+    finally:
+        if was_training:
+            model.train()
+
+
+def weights_digest(model: nn.Module) -> str:
+    """SHA-256 of the model's parameters and buffers as float32, in ``state_dict`` order: which weights an exported
+    step was made from."""
+    h = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        h.update(name.encode())
+        h.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+class WeightsWatch:
+    """Whether ``load_state_dict`` ran on a model since this was made. The traced, exported and C backends copy
+    the weights when they are built: after new weights were loaded they computed with the old ones, silently."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.changed = False
+        ref = weakref.ref(self)
+
+        def loaded(module: nn.Module, incompatible: object) -> None:
+            watch = ref()
+            if watch is not None:
+                watch.changed = True
+
+        self._handle = model.register_load_state_dict_post_hook(loaded)
+
+    def check(self, what: str) -> None:
+        if self.changed:
+            raise ValueError(
+                f"the model's weights were loaded anew (load_state_dict) since this {what} was built from them: "
+                "build a new backend (enhance.backends.streaming_backend)"
+            )
+
+    def __del__(self) -> None:
+        self._handle.remove()
 
 
 def count_parameters(model: nn.Module) -> int:

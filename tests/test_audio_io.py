@@ -156,6 +156,21 @@ def test_channels_are_enhanced_independently(tiny: Enhancer) -> None:
     assert np.allclose(both[0], alone[0], atol=1e-5)
 
 
+def test_a_whole_float_rate_and_float16_audio_are_taken_at_any_rate(tiny: Enhancer) -> None:
+    """44100.0 crashed the high band's indexing (IndexError), float16 audio soxr's resampler (TypeError); a rate
+    that is not a whole number of Hz is a clear error."""
+    x = speech_like(0.5, 44100, seed=6)[None]
+    ref = enhance_audio(tiny, x, 44100).wav
+    assert np.array_equal(enhance_audio(tiny, x, 44100.0).wav, ref)
+    half = x.astype(np.float16)
+    out = enhance_audio(tiny, half, 44100).wav
+    assert out.dtype == np.float32 and np.array_equal(
+        out, enhance_audio(tiny, half.astype(np.float32), 44100).wav
+    )
+    with pytest.raises(ValueError, match="whole number of Hz"):
+        enhance_audio(tiny, x, 44100.5)
+
+
 def test_any_rate_comes_back_at_its_rate_and_length(tiny: Enhancer) -> None:
     x = speech_like(0.7, 44100)[None]
     out = enhance_audio(tiny, x, 44100, return_competition=True)

@@ -314,6 +314,74 @@ def test_traced_backend_refuses_a_changed_attenuation_limit() -> None:
     assert np.abs(y - enhance_waveform(model, x).wav).max() < 1e-5
 
 
+def test_an_exported_step_is_refused_beside_another_limit_or_other_weights(tmp_path) -> None:
+    """A step file records the limit and the weights it was exported from: wrapped around a model whose limit
+    was changed since, or with other weights, it gave other samples, silently (found by a review)."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    import onnx
+
+    from enhance.onnx_backend import ORIGIN_KEYS, OnnxStepper, export_step
+
+    model = _model("tiny")
+    path = export_step(model, tmp_path / "step.onnx")
+    int8 = export_step(model, tmp_path / "int8.onnx", int8=True)  # the quantiser keeps the record
+    OnnxStepper(path, model)
+    OnnxStepper(int8, model)
+    model.set_max_attenuation(0.0)
+    with pytest.raises(
+        ValueError, match=r"exported with the attenuation limit none dB and the model's is 0\.0"
+    ):
+        OnnxStepper(path, model)
+    model.set_max_attenuation(None)
+    other = _model("tiny")
+    with torch.no_grad():
+        next(other.parameters()).add_(0.01)
+    with pytest.raises(ValueError, match="exported from other weights"):
+        OnnxStepper(path, other)
+    proto = onnx.load(str(path))  # a file with no record (made by hand, or an older export)
+    kept = [p for p in proto.metadata_props if p.key not in ORIGIN_KEYS]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(kept)
+    onnx.save(proto, str(tmp_path / "bare.onnx"))
+    with pytest.raises(ValueError, match="does not say which weights"):
+        OnnxStepper(tmp_path / "bare.onnx", model)
+
+
+@pytest.mark.parametrize("backend", ["torchscript", "native", "onnxruntime"])
+def test_backends_refuse_to_run_after_new_weights_were_loaded(backend: str) -> None:
+    """The traced, exported and C backends copy the weights when built: after load_state_dict they went on with
+    the old ones (the stream differed from offline by 0.5), silently."""
+    from enhance.backends import streaming_backend
+
+    if backend == "onnxruntime":
+        pytest.importorskip("onnxruntime")
+    model = _model("tiny").float()  # the fixed-step and C backends run float32
+    stepper = streaming_backend(model, backend)
+    x = (np.random.default_rng(3).standard_normal((1, 2000)) * 0.1).astype(np.float32)
+    StreamingEnhancer(model, backend=stepper).process(x)
+    model.load_state_dict(_model("tiny", seed=5).float().state_dict())
+    with pytest.raises(ValueError, match=r"weights were loaded anew \(load_state_dict\)"):
+        StreamingEnhancer(model, backend=stepper).process(x)
+    fresh = StreamingEnhancer(model, backend=streaming_backend(model, backend))
+    y = np.concatenate([fresh.process(x), fresh.flush()], axis=1)
+    assert np.abs(y - enhance_waveform(model, x).wav).max() < 1e-5
+
+
+def test_a_model_in_training_mode_is_enhanced_as_in_eval_and_left_in_its_mode() -> None:
+    """A new Enhancer is in training mode: enhance_waveform gave other samples on every call (dropout), and
+    StreamingEnhancer switched the caller's model to eval for good (dropout off in its training loop)."""
+    model = _model("tiny").train()
+    x = (np.random.default_rng(4).standard_normal((1, 4000)) * 0.1).astype(np.float32)
+    first, second = enhance_waveform(model, x).wav, enhance_waveform(model, x).wav
+    assert np.array_equal(first, second) and model.training
+    engine = StreamingEnhancer(model)
+    y = np.concatenate([engine.process(x), engine.flush()], axis=1)
+    assert model.training and np.abs(y - first).max() < 1e-5
+    model.eval()
+    assert np.array_equal(enhance_waveform(model, x).wav, first)
+
+
 @pytest.mark.parametrize("backend", ["torchscript", "onnxruntime"])
 @pytest.mark.parametrize("mae", [False, True])
 @pytest.mark.parametrize("context", [4, 100])
