@@ -65,7 +65,10 @@ def resolve_backend(model: Enhancer, name: str = "auto") -> str:
 
         reason = native_unsupported(model)
     if name != "pytorch" and reason is not None:
-        raise ValueError(f"the {name} backend cannot run this model: {reason} (use --stream-backend pytorch)")
+        raise ValueError(
+            f"the {name} backend cannot run this model: {reason} (use the pytorch backend: "
+            "--stream-backend pytorch, or streaming_backend(model, 'pytorch'))"
+        )
     return name
 
 

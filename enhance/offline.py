@@ -31,7 +31,10 @@ def enhance_waveform(model: Enhancer, wav: np.ndarray, return_competition: bool 
     wav = np.asarray(wav)
     check_audio(wav)
     param = next(model.parameters())
-    x = torch.from_numpy(np.ascontiguousarray(wav)).to(device=param.device, dtype=param.dtype)
+    data = np.ascontiguousarray(wav)
+    if not data.flags.writeable:  # torch.from_numpy warns about read-only arrays (it would not write to it)
+        data = data.copy()
+    x = torch.from_numpy(data).to(device=param.device, dtype=param.dtype)
     spec = stft(x, model.cfg.stft)  # [C, T, F]
     with eval_mode(model):
         out = model(log_magnitude(spec), return_competition=return_competition)

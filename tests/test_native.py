@@ -279,7 +279,7 @@ def test_refuses_models_it_does_not_cover(name: str) -> None:
     assert native_unsupported(model) is not None
     with pytest.raises(ValueError, match="SDU or MAE"):
         NativeStepper(model)
-    with pytest.raises(ValueError, match="use --stream-backend pytorch"):
+    with pytest.raises(ValueError, match="use the pytorch backend: --stream-backend pytorch"):
         resolve_backend(model, "native")
     assert resolve_backend(model, "auto") == "torchscript"  # auto takes native only where it covers the model
     no_lookahead = dataclasses.replace(

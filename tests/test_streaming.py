@@ -453,7 +453,7 @@ def test_backend_choice() -> None:
         no_lookahead,
     ):  # the fixed step is written for these: auto falls back to PyTorch
         assert resolve_backend(model_, "auto") == "pytorch"
-        with pytest.raises(ValueError, match="use --stream-backend pytorch"):
+        with pytest.raises(ValueError, match="use the pytorch backend: --stream-backend pytorch"):
             streaming_backend(model_, "torchscript")
     with pytest.raises(ValueError, match="unknown streaming backend"):
         resolve_backend(model, "tensorrt")
