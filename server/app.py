@@ -13,12 +13,14 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -68,6 +70,18 @@ def _template(scope: Scope) -> str:
         if route.matches(scope)[0] == Match.FULL:
             return getattr(route, "path", None) or "unmatched"
     return "unmatched"
+
+
+# the page and its files are checked with the server on every load (ETag / Last-Modified: a 304 when unchanged):
+# without it a browser could go on running an earlier version's app.js against an upgraded server
+REVALIDATE = {"Cache-Control": "no-cache"}
+
+
+class RevalidatedFiles(StaticFiles):
+    def file_response(self, *args: Any, **kwargs: Any) -> Response:
+        response = super().file_response(*args, **kwargs)
+        response.headers.update(REVALIDATE)
+        return response
 
 
 class MetricsMiddleware:
@@ -166,7 +180,7 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
 
         @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
         async def index() -> FileResponse:
-            return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+            return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers=REVALIDATE)
 
         @app.get("/favicon.ico", include_in_schema=False)  # for clients that ask here, not the page's link
         async def favicon() -> FileResponse:
@@ -177,7 +191,7 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
         async def index_elsewhere() -> RedirectResponse:
             return RedirectResponse("/", status_code=308)
 
-        app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+        app.mount("/static", RevalidatedFiles(directory=STATIC_DIR), name="static")
     else:  # an install without the package data: the API still works
         log.warning("web page not installed (%s missing); serving the API only", STATIC_DIR)
     if config.cors_origins:

@@ -140,6 +140,11 @@ def test_page_and_static_files(client: httpx.Client) -> None:
         assert element in page.text
     assert client.get("/static/app.js").status_code == 200
     _error(client.get("/static/../config.py"), 404)
+    # the page and its files are revalidated on every load: an upgraded server's page is never an old app.js
+    for path in ("/", "/static/app.js"):
+        assert client.get(path).headers["cache-control"] == "no-cache", path
+    etag = client.get("/static/app.js").headers["etag"]
+    assert client.get("/static/app.js", headers={"If-None-Match": etag}).status_code == 304
     # the page at /static/index.html loaded none of its relative links (static/static/app.js): sent to / instead
     moved = client.get("/static/index.html", follow_redirects=False)
     assert moved.status_code == 308 and moved.headers["location"] == "/"

@@ -303,6 +303,14 @@ def test_both_requests_of_a_run_use_the_model_chosen_when_it_started(tmp_path: P
         assert page.evaluate("document.body.dataset.state") == "done", b.status()
         assert [url.split("model=")[-1] for url in b.posts] == ["tiny", "tiny"], b.posts
         assert "Model tiny" in page.locator("#analysis-summary").inner_text()
+        # the list loaded again (a new API key) keeps the model chosen; it went back to the default
+        page.evaluate(
+            "document.querySelectorAll('#model-select option').forEach((o) => { o.dataset.old = '1'; })"
+        )
+        page.fill("#api-key", "any")  # this server has no key: any value lists the models
+        page.dispatch_event("#api-key", "change")
+        page.wait_for_function("!document.querySelector('#model-select option[data-old]')", timeout=10000)
+        assert page.locator("#model-select").input_value() == "other"
         assert not b.errors, b.errors
 
 

@@ -309,7 +309,8 @@ async function run(blob, name) {
     showSummary(analysis);
     const note = await spectra;
     check();
-    setState("done", `Done: ${name} (${analysis.duration_s.toFixed(2)} s) enhanced in ${seconds} s.${note}${stillRecording()}`);
+    const how = converted ? " The server could not read the original, so this browser sent it as a 16 kHz WAV (the output is 16 kHz)." : "";
+    setState("done", `Done: ${name} (${analysis.duration_s.toFixed(2)} s) enhanced in ${seconds} s.${how}${note}${stillRecording()}`);
   } catch (err) {
     if (!isCurrent()) return;  // a newer run owns the page
     setState("error", `Error: ${err.message}${stillRecording()}`);
@@ -331,12 +332,14 @@ async function loadModels() {
     }
     if (!resp.ok) { setState("error", `Models: ${await errorText(resp)}`); return; }
     const select = $("model-select");
+    const chosen = select.value;  // kept when the list is loaded again (a new API key), if the model is still there
+    const models = (await resp.json()).models;
     select.innerHTML = "";
-    for (const m of (await resp.json()).models) {
+    for (const m of models) {
       const opt = document.createElement("option");
       opt.value = m.name;
       opt.textContent = `${m.name} (${m.n_mechanisms} mech., ${(m.parameters / 1e6).toFixed(2)}M)`;
-      opt.selected = m.default;
+      opt.selected = models.some((x) => x.name === chosen) ? m.name === chosen : m.default;
       select.appendChild(opt);
     }
     // the key works now: an error on screen (this list's 401, or an upload's) is no longer the state of things
