@@ -556,6 +556,13 @@ def test_a_full_disk_is_not_called_a_corrupt_input(tmp_path: Path, ckpt: str) ->
         assert not (tmp_path / "o").exists()
 
 
+def _as_from_a_terminal() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def test_a_killed_run_leaves_no_temporary_file(tmp_path: Path) -> None:
     """SIGTERM (timeout, kill) in the middle of writing: the temporary output is removed, exit 128 + 15; Ctrl-C
     (SIGINT) is a one-line message and exit 130, not a traceback."""
@@ -579,8 +586,9 @@ def test_a_killed_run_leaves_no_temporary_file(tmp_path: Path) -> None:
             [sys.executable, "-m", "enhance.cli", str(src), "-o", str(out / "o.wav")],
             env=ENV,
             stderr=subprocess.PIPE,
-            # as from a terminal: a job started in the background by a script inherits SIGINT ignored
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            # as from a terminal: a job started in the background by a script inherits SIGINT ignored, and one
+            # under nohup SIGHUP (which enhance-cli then leaves ignored, as nohup asks)
+            preexec_fn=_as_from_a_terminal,
         )
         deadline = time.monotonic() + 120
         while not list(out.glob(".o.wav.*.tmp")) and proc.poll() is None and time.monotonic() < deadline:
