@@ -269,8 +269,13 @@ def run_system(entry: Entry, noisy: np.ndarray) -> tuple[np.ndarray | None, str]
 # scoring and reports
 
 
-def summary_rows(entries: Sequence[Entry], means: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
-    """The rows of summary.csv: noisy first, then every system, run or not."""
+def summary_rows(
+    entries: Sequence[Entry], means: dict[str, dict[str, float]], raised: dict[str, int] | None = None
+) -> list[dict[str, Any]]:
+    """The rows of summary.csv: noisy first, then every system, run or not. ``raised``: per system, the files
+    on which it raised (its error column): "failed on every file" means that, not a metric that could not be
+    computed on its output (a silent output has no PESQ, but its STOI and SI-SDR are scores)."""
+    raised = raised or {}
     empty = dict.fromkeys(METRIC_KEYS, NAN)
     rows: list[dict[str, Any]] = [
         {
@@ -291,7 +296,7 @@ def summary_rows(entries: Sequence[Entry], means: dict[str, dict[str, float]]) -
         s = e.system
         row: dict[str, Any] = {"system": e.name, "status": "ok" if s is not None else f"not run: {e.reason}"}
         row.update(means.get(e.name, {**empty, "n_files": 0, "n_failed": 0}))
-        if s is not None and row["n_files"] and row["n_failed"] == row["n_files"]:
+        if s is not None and row["n_files"] and raised.get(e.name, 0) >= row["n_files"]:
             row["status"] = "failed on every file"
         has_audio = s is not None and e.audio_s > 0
         row["rtf"] = e.compute_s / e.audio_s if has_audio else NAN
@@ -572,7 +577,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _stderr(f"error: no file could be scored; nothing written to {args.out}")
         return 1
     means = summarize(per_file, computed, systems=["noisy", *(e.name for e in running)])
-    rows = summary_rows(entries, means)
+    raised: dict[str, int] = {}
+    for r in per_file:
+        if r["error"]:
+            raised[r["system"]] = raised.get(r["system"], 0) + 1
+    rows = summary_rows(entries, means, raised)
     notes = [n for e in running for n in e.notes]
     if skipped:
         notes.append(f"{skipped} pair(s) skipped: unreadable files")

@@ -191,7 +191,8 @@ def evaluate(
     log: Log | None = _stderr,
     unpaired: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Score ``pairs`` (the first ``limit`` of them) before and after enhancement and write the reports.
+    """Score ``pairs`` (the first ``limit`` of them) before and after enhancement and write the reports (none when
+    no pair could be scored: the folder's earlier reports are kept).
 
     ``dnsmos`` may be a :class:`DNSMOS` instance to reuse its ONNX session across calls. ``progress`` defaults to
     a tqdm bar when stderr is a terminal. Skipped files are passed to ``log``. The model is put in eval mode and
@@ -233,7 +234,10 @@ def evaluate(
         "files_converted": notes,
         "elapsed_s": round(time.perf_counter() - start, 3),
     }
-    write_outputs(Path(out_dir), rows, result)
+    if result[
+        "n_evaluated"
+    ]:  # else earlier reports there stay as they were (they were replaced by empty ones)
+        write_outputs(Path(out_dir), rows, result)
     return result
 
 
@@ -308,11 +312,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = evaluate(
         model, found.pairs, args.out, dnsmos=not args.no_dnsmos, limit=args.limit, unpaired=found.warnings
     )
+    if result["n_evaluated"] == 0:
+        _stderr(f"error: no file could be evaluated; nothing written to {args.out}")
+        return 1
     print(markdown_table(result["summary"]), end="")
     _stderr(f"wrote {args.out}/per_file.csv, summary.csv, summary.md, summary.json")
-    if result["n_evaluated"] == 0:
-        _stderr("error: no file could be evaluated")
-        return 1
     return 0
 
 

@@ -126,6 +126,24 @@ def test_delayed_identity_and_alignment(peers: ModuleType) -> None:
     np.testing.assert_array_equal(y[DELAY : DELAY + len(x)], x)
 
 
+def test_a_system_whose_output_lacks_one_metric_keeps_its_row(peers: ModuleType) -> None:
+    """A silent output has no PESQ (NaN: n_failed counts the file), but its STOI and SI-SDR are scores: the row
+    was marked "failed on every file", blanked in summary.md and left out of the plot. Only a system that raised
+    on every file is."""
+    bq = _bench_module("bench_quality")
+    entries = [
+        bq.Entry(name=n, system=peers.build_peer("delay:0"), audio_s=2.0) for n in ("silent", "broken")
+    ]
+    scores = {"pesq": math.nan, "stoi": 0.0, "si_sdr": -50.0}
+    means = {
+        name: {**dict.fromkeys(bq.METRIC_KEYS, math.nan), **scores, "n_files": 2, "n_failed": 2}
+        for name in ("silent", "broken")
+    }
+    rows = {r["system"]: r for r in bq.summary_rows(entries, means, {"broken": 2})}
+    assert rows["silent"]["status"] == "ok" and rows["silent"]["stoi"] == 0.0
+    assert rows["broken"]["status"] == "failed on every file"
+
+
 def test_tim_system_is_aligned(peers: ModuleType, tiny_set: tuple[Path, Path]) -> None:
     system = peers.TimSystem("tiny", tiny_set[1])
     x = peers.calibration_signal(seconds=2.0)

@@ -292,6 +292,16 @@ def test_main_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[st
     (tmp_path / "a-file").write_text("x")  # found before the evaluation runs, not after it
     assert main(["--model-config", "tiny", "--pairs", str(data), "--out", str(tmp_path / "a-file")]) == 2
     assert "exists and is not a folder" in capsys.readouterr().err
+    # nothing could be scored: exit 1 and the folder's earlier reports are kept (they were replaced by empty ones,
+    # which recipes.compare then reused as a fresh evaluation)
+    out = tmp_path / "kept"
+    assert main(["--model-config", "tiny", "--pairs", str(data), "--out", str(out), "--no-dnsmos"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    for noisy in (data / "dev" / "noisy").glob("*.flac"):
+        noisy.write_bytes(b"RIFF not really a wav file")
+    assert main(["--model-config", "tiny", "--pairs", str(data), "--out", str(out), "--no-dnsmos"]) == 1
+    assert "no file could be evaluated; nothing written" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_evaluate_can_score_at_an_attenuation_limit(tmp_path: Path) -> None:
