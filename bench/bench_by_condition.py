@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from recipes.evaluate import summarize, write_csv
-from recipes.run_folder import read_csv, write_text
+from recipes.run_folder import out_folder_problem, read_csv, write_text
 
 
 def condition_of(pair: dict[str, str], by: str) -> str:
@@ -119,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     text += f"Command: `{command}`\n\n" + markdown(args.by, values, rows, counts)
     print(text)
     if args.out:
+        problem = out_folder_problem(args.out)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
         args.out.mkdir(parents=True, exist_ok=True)
         write_text(args.out / "summary.md", text)
         write_csv(args.out / "summary.csv", ["metric", "system", *values], rows)

@@ -29,7 +29,7 @@ import numpy as np
 
 from recipes.evaluate import write_csv
 from recipes.pairs import natural_key
-from recipes.run_folder import read_csv, write_text
+from recipes.run_folder import out_folder_problem, read_csv, write_text
 
 METRICS = "pesq,stoi,si_sdr,dnsmos_sig,dnsmos_bak,dnsmos_ovrl"
 COLUMNS = ["metric", "n", "base", "new", "diff", "ci_low", "ci_high", "new_better_share"]
@@ -164,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(text)
     if args.out:
+        problem = out_folder_problem(args.out)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
         args.out.mkdir(parents=True, exist_ok=True)
         write_text(args.out / "summary.md", text)
         write_csv(args.out / "summary.csv", COLUMNS, rows)

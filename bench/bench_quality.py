@@ -70,7 +70,7 @@ from models import CheckpointError
 from recipes.evaluate import summarize, write_csv
 from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics
 from recipes.pairs import discover_pairs
-from recipes.run_folder import write_text
+from recipes.run_folder import out_folder_problem, write_text
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -515,8 +515,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = system_names(args.model or None, checkpoints, args.systems)
         entries = build_systems(names, args.model or None, checkpoints)
         signal, calibration = calibration_audio(args.calibration)
-        if args.out.exists() and not args.out.is_dir():  # found now, not after the whole run
-            raise ValueError(f"--out {args.out}: exists and is not a folder")
+        problem = out_folder_problem(args.out)  # found now, not after the whole run
+        if problem:
+            raise ValueError(problem)
     except (ValueError, KeyError, CheckpointError, OSError) as exc:
         _stderr(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}")
         return 2

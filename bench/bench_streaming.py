@@ -170,7 +170,16 @@ def main() -> int:
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     model_args = {"checkpoint": args.checkpoint or "", "model": args.model}
-    if args.one:
+    if (
+        not args.one
+    ):  # the model loads here first: a bad one is a usage error, not ten "not run" rows and exit 0
+        from models import CheckpointError, load_checkpoint
+        from models.pretrained import load_pretrained
+
+        try:
+            load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
+        except (CheckpointError, OSError, ValueError, KeyError) as exc:
+            ap.error(f"the model: {exc}")
         print(json.dumps(run_system(args.one, args.seconds, model_args)))
         return 0
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

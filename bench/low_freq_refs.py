@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from enhance.audio_io import load_mono_16k
+from enhance.audio_io import AudioError, load_mono_16k
 from recipes.evaluate import write_csv
 from recipes.pairs import discover_pairs
+from recipes.run_folder import out_folder_problem
 
 
 def low_freq_share(wav: np.ndarray, rate: int, cutoff_hz: float) -> float:
@@ -49,9 +50,16 @@ def main(argv: list[str] | None = None) -> int:
         pairs = discover_pairs(args.pairs).pairs
     except (OSError, ValueError) as exc:
         ap.error(str(exc))
+    problem = out_folder_problem(args.out.parent)
+    if problem or args.out.is_dir():
+        ap.error(problem or f"--out {args.out} is a folder: name the CSV to write")
     rows = []
     for pair in pairs:
-        clean, _, _ = load_mono_16k(pair.clean_path)
+        try:
+            clean, _, _ = load_mono_16k(pair.clean_path)
+        except AudioError as exc:  # skipped with the reason, as every other command does (it was a traceback)
+            print(f"skipped {pair.name}: {exc}", file=sys.stderr)
+            continue
         share = low_freq_share(clean, 16000, args.cutoff_hz)
         rows.append(
             {

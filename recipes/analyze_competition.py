@@ -36,7 +36,9 @@ from enhance.offline import enhance_waveform
 from enhance.stft import stft
 from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from models.pretrained import load_pretrained
+from recipes.evaluate import json_safe
 from recipes.pairs import discover_pairs
+from recipes.run_folder import out_folder_problem
 
 
 def vad_labels(clean: np.ndarray, ck: Checkpoint, vad_db: float) -> np.ndarray:
@@ -201,7 +203,8 @@ def markdown(r: dict[str, Any]) -> str:
 
 def _write(out: Path, r: dict[str, Any]) -> None:
     with atomic_path(out / "summary.json") as tmp:
-        Path(tmp).write_text(json.dumps(r, indent=2, default=lambda v: None) + "\n")
+        # NaN (an AUC without speech or without pauses) as null: JSON has no NaN, and strict parsers refuse it
+        Path(tmp).write_text(json.dumps(json_safe(r), indent=2, default=lambda v: None) + "\n")
     with atomic_path(out / "summary.md") as tmp:
         Path(tmp).write_text(markdown(r))
 
@@ -239,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         ap.error("--limit must be >= 1")
+    problem = out_folder_problem(args.out)
+    if problem:
+        ap.error(problem)
     try:
         ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
         pairs = discover_pairs(args.pairs).pairs[: args.limit]

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from enhance.audio_io import atomic_path
 from models.registry import REGISTRY
-from recipes.run_folder import read_csv
+from recipes.run_folder import out_folder_problem, read_csv
 from recipes.train import config_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -240,6 +240,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.epochs < 1 or (args.round_epochs is not None and args.round_epochs < 1):
         print("tim-compare: error: --epochs and --round-epochs must be at least 1", file=sys.stderr)
+        return 2
+    problem = out_folder_problem(args.out)
+    if problem:
+        print(f"tim-compare: error: {problem}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     try:

@@ -146,14 +146,14 @@ def markdown_table(summary: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """NaN/inf floats become null (JSON has no NaN)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -164,7 +164,7 @@ def write_outputs(out_dir: Path, rows: list[dict[str, Any]], result: dict[str, A
     summary_rows = [{"system": s, **entry} for s, entry in result["summary"].items()]
     write_csv(out_dir / "summary.csv", SUMMARY_COLUMNS, summary_rows)
     write_text(out_dir / "summary.md", markdown_table(result["summary"]) + left_out(result))
-    write_text(out_dir / "summary.json", json.dumps(_json_safe(result), indent=2) + "\n")
+    write_text(out_dir / "summary.json", json.dumps(json_safe(result), indent=2) + "\n")
 
 
 def left_out(result: dict[str, Any]) -> str:

@@ -94,11 +94,16 @@ def environment(seed: int, world_size: int, device: str) -> dict[str, Any]:
 
 def out_folder_problem(out: str | Path) -> str | None:
     """Why ``out`` cannot be (or become) a folder, found before any work (None: it can): it, or the nearest of
-    its parents that exists, is a file (a NotADirectoryError traceback once the work was done)."""
+    its parents that exists, is a file, or a folder this user cannot write in (a NotADirectoryError or
+    PermissionError traceback once the work was done)."""
     path = Path(out)
     for p in [path, *path.parents]:
         if p.exists():
-            return None if p.is_dir() else f"--out {out}: {p} exists and is not a folder"
+            if not p.is_dir():
+                return f"--out {out}: {p} exists and is not a folder"
+            if not os.access(p, os.W_OK | os.X_OK):
+                return f"--out {out}: {p} is not writable"
+            return None
     return None
 
 

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import soundfile as sf
 import torch
 
@@ -129,6 +130,30 @@ def test_command_errors_are_messages_and_a_bad_file_is_skipped(tmp_path: Path, c
     )
     assert "skipped 0002" in capsys.readouterr().err
     assert (tmp_path / "out" / "maps_0001.png").is_file()
+    # a set whose clean side is silent has no speech frames: its AUCs are NaN, null in summary.json (a bare NaN
+    # there was invalid JSON for strict parsers)
+    sf.write(tmp_path / "dev" / "clean" / "0001.wav", np.zeros(16000, np.float32), 16000)
+    out2 = tmp_path / "out2"
+    assert main(["--checkpoint", str(ck), "--pairs", str(tmp_path / "dev"), "--out", str(out2)]) == 0
+
+    def no_nan(token: str) -> None:
+        raise ValueError(f"{token} in summary.json")
+
+    json.loads((out2 / "summary.json").read_text(), parse_constant=no_nan)
+    # an --out under a file: refused before any work (it was a traceback after it)
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "--checkpoint",
+                str(ck),
+                "--pairs",
+                str(tmp_path / "dev"),
+                "--out",
+                str(tmp_path / "a-file" / "o"),
+            ]
+        )
+    assert "exists and is not a folder" in capsys.readouterr().err
 
 
 def test_a_silent_clean_file_has_no_speech_frames() -> None:

@@ -91,7 +91,10 @@ def test_low_freq_refs_marks_the_references_that_are_mostly_rumble(tmp_path: Pat
     speech = speech_like(1.0, 16000, seed=1).astype(np.float32)
     t = np.arange(16000) / 16000
     rumble = (0.1 * speech + 0.5 * np.sin(2 * np.pi * 30 * t)).astype(np.float32)  # mostly 30 Hz
-    pairs = dev_pairs(tmp_path / "pairs", [speech, rumble], 0.01, seed=0)
+    pairs = dev_pairs(tmp_path / "pairs", [speech, rumble, speech], 0.01, seed=0)
+    (next(pairs.rglob("clean/0002.*"))).write_bytes(
+        b"RIFF broken"
+    )  # skipped with its reason (was a traceback)
     out = tmp_path / "lf.csv"
     r = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "low_freq_refs.py"), "--pairs", str(pairs), "--out", str(out)],
@@ -101,6 +104,7 @@ def test_low_freq_refs_marks_the_references_that_are_mostly_rumble(tmp_path: Pat
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
+    assert "skipped 0002" in r.stderr
     assert "1 of 2 references have more than 50% of their energy below 60 Hz: 0001" in r.stdout
     with open(out, newline="") as f:
         rows = {row["name"]: row for row in csv.DictReader(f)}

@@ -262,6 +262,7 @@ def test_bad_requests_are_refused_before_any_work(tiny_set: tuple[Path, Path], t
             *out,
         ],  # was replaced by the generated signal silently
         ["--out", str(a_file)],  # failed after the whole run
+        ["--out", str(a_file / "sub")],  # under a file: a NotADirectoryError traceback after the whole run
     ):
         assert bench.main([*argv, *extra]) == 2, extra
     assert not (tmp_path / "o").exists()
