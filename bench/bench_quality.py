@@ -68,7 +68,7 @@ from enhance.audio_io import atomic_path, load_mono_16k
 from enhance.errors import EnhanceError
 from models import CheckpointError
 from recipes.evaluate import summarize, write_csv
-from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics
+from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics, metrics_problem
 from recipes.pairs import discover_pairs
 from recipes.run_folder import out_folder_problem, write_text
 
@@ -515,7 +515,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = system_names(args.model or None, checkpoints, args.systems)
         entries = build_systems(names, args.model or None, checkpoints)
         signal, calibration = calibration_audio(args.calibration)
-        problem = out_folder_problem(args.out)  # found now, not after the whole run
+        problem = out_folder_problem(args.out) or metrics_problem(
+            not args.no_dnsmos
+        )  # now, not after the run
         if problem:
             raise ValueError(problem)
     except (ValueError, KeyError, CheckpointError, OSError) as exc:

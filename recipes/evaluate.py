@@ -33,7 +33,7 @@ from enhance.cli import attenuation_db
 from enhance.errors import EnhanceError
 from enhance.offline import enhance_waveform
 from models import CheckpointError, Enhancer, get_config, load_checkpoint
-from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics
+from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics, metrics_problem
 from recipes.pairs import Pair, discover_pairs
 from recipes.run_folder import out_folder_problem, write_text
 
@@ -295,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns 0 on success, 1 if no file could be evaluated, 2 on bad input."""
     args = build_parser().parse_args(argv)
     try:
-        problem = out_folder_problem(args.out)  # found before the work, not after it
+        problem = out_folder_problem(args.out) or metrics_problem(not args.no_dnsmos)  # before the work
         if problem:
             raise ValueError(problem)
         from recipes.trainer import pick_device

@@ -134,6 +134,18 @@ def default_dnsmos_model() -> Path:
     return path
 
 
+def metrics_problem(dnsmos: bool) -> str | None:
+    """Why the scores cannot be computed here (None: they can), found before any work: a missing package
+    surfaced as a traceback mid-run, after the peers' calibration or the first enhancements."""
+    needed = ["pesq", "pystoi"] + (["onnxruntime", "speechmos"] if dnsmos else [])
+    missing = [name for name in needed if importlib_util.find_spec(name) is None]
+    if missing:
+        return f"scoring needs {', '.join(missing)}: pip install 'tim-enhance[train]'" + (
+            " (or --no-dnsmos)" if dnsmos and set(missing) <= {"onnxruntime", "speechmos"} else ""
+        )
+    return None
+
+
 class DNSMOS:
     """DNSMOS P.835 (SIG, BAK, OVRL), following Microsoft's ``dnsmos_local.py`` (non-personalized).
 

@@ -162,3 +162,32 @@ def test_compute_metrics_without_dnsmos(clean: np.ndarray) -> None:
     assert all(math.isfinite(m[k]) for k in ("pesq", "stoi", "si_sdr"))
     assert all(math.isnan(m[k]) for k in ("dnsmos_sig", "dnsmos_bak", "dnsmos_ovrl"))
     assert m["si_sdr"] == pytest.approx(5.0, abs=0.5)
+
+
+def test_a_missing_scoring_package_is_found_before_any_work(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without pesq (or, with DNSMOS on, speechmos/onnxruntime) the evaluation raised mid-run; now the command
+    says what to install and does nothing. The packages are installed here: their absence is simulated by
+    hiding them from importlib's lookup, which is all the check asks."""
+    import importlib.util as real
+
+    from recipes import metrics
+    from recipes.evaluate import main
+
+    class Without:
+        def __init__(self, *hidden: str) -> None:
+            self.hidden = hidden
+
+        def find_spec(self, name: str) -> object:
+            return None if name in self.hidden else real.find_spec(name)
+
+    assert metrics.metrics_problem(dnsmos=True) is None  # all there
+    monkeypatch.setattr(metrics, "importlib_util", Without("pesq"))
+    assert "pesq" in (metrics.metrics_problem(dnsmos=False) or "")
+    out = tmp_path / "out"
+    code = main(["--model-config", "tiny", "--pairs", str(tmp_path), "--out", str(out), "--no-dnsmos"])
+    assert code == 2 and "scoring needs pesq" in capsys.readouterr().err and not out.exists()
+    monkeypatch.setattr(metrics, "importlib_util", Without("speechmos"))
+    assert metrics.metrics_problem(dnsmos=False) is None
+    assert "(or --no-dnsmos)" in (metrics.metrics_problem(dnsmos=True) or "")
