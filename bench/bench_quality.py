@@ -515,9 +515,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = system_names(args.model or None, checkpoints, args.systems)
         entries = build_systems(names, args.model or None, checkpoints)
         signal, calibration = calibration_audio(args.calibration)
-        problem = out_folder_problem(args.out) or metrics_problem(
-            not args.no_dnsmos
-        )  # now, not after the run
+        # found now, not after the whole run
+        problem = out_folder_problem(args.out) or metrics_problem(not args.no_dnsmos)
         if problem:
             raise ValueError(problem)
     except (ValueError, KeyError, CheckpointError, OSError) as exc:

@@ -170,9 +170,8 @@ def main() -> int:
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     model_args = {"checkpoint": args.checkpoint or "", "model": args.model}
-    if (
-        not args.one
-    ):  # the model loads here first: a bad one is a usage error, not ten "not run" rows and exit 0
+    # the model loads here first: a bad one is a usage error, not ten "not run" rows and exit 0
+    if not args.one:
         from models import CheckpointError, load_checkpoint
         from models.pretrained import load_pretrained
 

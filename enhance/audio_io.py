@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import soundfile as sf
@@ -53,10 +53,12 @@ class AudioInfo:
 Source = str | os.PathLike[str] | BinaryIO | bytes
 
 
-def fs_path(path: str | os.PathLike[str]) -> str | bytes:
+def fs_path(path: Any) -> Any:
     """A path as libsndfile can open it. A file name whose bytes are not valid UTF-8 comes to Python with
     surrogates in it, which soundfile's strict encoding of ``str`` paths refuses ("'utf-8' codec can't
-    encode"): such a name goes as its original bytes."""
+    encode"): such a name goes as its original bytes. Anything else (a file object) is returned as it is."""
+    if not isinstance(path, str | os.PathLike):
+        return path
     text = os.fspath(path)
     if os.name == "nt":
         return text
@@ -97,15 +99,17 @@ def read_blocks(f: sf.SoundFile, blocksize: int) -> Iterator[np.ndarray]:
 UNKNOWN_LENGTH = 2**63 - 1  # libsndfile's frame count for a header without a length (SF_COUNT_MAX)
 
 
-def length_error(frames: int, name: str) -> str | None:
-    """Why a file's length makes it unreadable (None: it does not): a FLAC encoded to a pipe can leave its header's
-    total_samples at 0, and libsndfile then reports the largest count and fails at the first read."""
+def check_header(name: str, frames: int, channels: int | None = None) -> None:
+    """Refuse what a file's header already shows cannot be enhanced (raises :class:`AudioError`): no length (a
+    FLAC encoded to a pipe can leave total_samples at 0: libsndfile then reports the largest count and fails at
+    the first read), and, when ``channels`` is given, more than :data:`MAX_CHANNELS`."""
     if frames == UNKNOWN_LENGTH:
-        return (
+        raise AudioError(
             f"{name}: its header gives no length (a FLAC encoded to a pipe?), which libsndfile cannot read; "
             "re-encode it to a file (e.g. ffmpeg -i in.flac out.flac)"
         )
-    return None
+    if channels is not None and channels > MAX_CHANNELS:
+        raise AudioError(f"{name}: {channels} channels (at most {MAX_CHANNELS} are enhanced)")
 
 
 def read_info(source: Source) -> AudioInfo:
@@ -117,9 +121,7 @@ def read_info(source: Source) -> AudioInfo:
         info = sf.info(src)
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
         raise AudioError(f"{_name(source)}: not a readable audio file ({_short(exc)})") from None
-    problem = length_error(info.frames, _name(source))
-    if problem:
-        raise AudioError(problem)
+    check_header(_name(source), info.frames)
     return AudioInfo(info.samplerate, info.channels, info.frames, info.format, info.subtype)
 
 
@@ -141,11 +143,7 @@ def load_audio(source: Source) -> tuple[np.ndarray, AudioInfo]:
     try:
         with sf.SoundFile(src) as f:
             info = AudioInfo(f.samplerate, f.channels, f.frames, f.format, f.subtype)
-            problem = length_error(info.frames, name)
-            if problem:
-                raise AudioError(problem)
-            if info.channels > MAX_CHANNELS:
-                raise AudioError(f"{name}: {info.channels} channels (at most {MAX_CHANNELS} are enhanced)")
+            check_header(name, info.frames, info.channels)
             data = read_frames(f)
     except AudioError:
         raise  # already says what is wrong (it is a ValueError too)
@@ -277,6 +275,11 @@ def atomic_path(path: str | os.PathLike[str], replace: bool = True, durable: boo
             with contextlib.suppress(OSError):
                 d.rmdir()
         raise
+
+
+def nearest_existing(path: str | os.PathLike[str]) -> Path | None:
+    """``path`` or, if it does not exist, the nearest of its parents that does (None: not even the root)."""
+    return next((p for p in (Path(path), *Path(path).parents) if p.exists()), None)
 
 
 def _fsync(path: str | os.PathLike[str]) -> None:

@@ -33,9 +33,9 @@ from typing import Any, BinaryIO
 import soundfile as sf
 import torch
 
-from enhance.audio_io import AUDIO_SUFFIXES, AudioError, atomic_path, fs_path, output_format
+from enhance.audio_io import AUDIO_SUFFIXES, AudioError, fs_path, nearest_existing, output_format
 from enhance.backends import BACKENDS, streaming_backend
-from enhance.files import FileResult, enhance_bytes, enhance_file
+from enhance.files import FileResult, enhance_bytes, enhance_file, new_output
 from enhance.pipe import stream_pcm
 from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from models.pretrained import DEFAULT_MODEL, load_pretrained
@@ -428,15 +428,8 @@ def run_one(
             with open(dst, "wb") as out:
                 write_all(out, encoded)
         else:
-            if os.path.exists(dst) and not args.overwrite:
-                raise AudioError(f"{dst}: output exists (use --overwrite)")
-            try:
-                with atomic_path(dst, replace=args.overwrite) as tmp:
-                    Path(tmp).write_bytes(encoded)
-            except FileExistsError:
-                raise AudioError(
-                    f"{dst}: output exists (written meanwhile by another run; use --overwrite)"
-                ) from None
+            with new_output(dst, args.overwrite) as tmp:
+                Path(tmp).write_bytes(encoded)
         result.output = dst
         if want_maps:  # a pipe's audio cannot be read again for the map's spectrogram: its bytes are passed
             write_competition(map_path, result, ck, data)
@@ -544,14 +537,6 @@ def _terminated(signum: int, frame: Any, pipe: bool = False) -> None:
     raise SystemExit(128 + signum)
 
 
-def _not_a_folder(folder: Path) -> Path | None:
-    """The nearest existing one of ``folder`` and its parents when it is not a folder (a file in the way)."""
-    for p in (folder, *folder.parents):
-        if p.exists():
-            return None if p.is_dir() else p
-    return None
-
-
 def _run_all(
     ck: Checkpoint,
     targets: list[tuple[str, str]],
@@ -568,8 +553,8 @@ def _run_all(
             if args.competition_map and os.path.exists(map_path) and not args.overwrite:
                 raise AudioError(f"{map_path}: competition map exists (use --overwrite)")
             if args.competition_map:  # before the audio is written: it stayed, and the file counted as failed
-                blocked = _not_a_folder(Path(map_path).parent)
-                if blocked:
+                blocked = nearest_existing(Path(map_path).parent)
+                if blocked is not None and not blocked.is_dir():
                     raise AudioError(f"{map_path}: cannot be written, {blocked} is not a folder")
             result = run_one(ck, src, dst, args, progress, backend, map_path)
             say(f"{src} -> {dst} ({result.duration_s:.1f} s audio in {result.wall_seconds:.1f} s)")
@@ -611,9 +596,8 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
     if not inputs:
         parser.error("no input files matched")
-    if (
-        args.inputs.count("-") > 1
-    ):  # the first read all of it: the second was "empty input", after audio went out
+    # stdin twice: the first read all of it, and the second was "empty input" after audio had gone out
+    if args.inputs.count("-") > 1:
         parser.error("'-' (stdin) can be read only once")
     many = len(inputs) > 1
     if many and args.output == "-":

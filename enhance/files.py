@@ -13,10 +13,11 @@ is left behind on failure: the temp file is removed and an existing output is un
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -25,13 +26,12 @@ import numpy as np
 import soundfile as sf
 
 from enhance.audio_io import (
-    MAX_CHANNELS,
     MAX_FLOAT_SAMPLE,
     AudioError,
     atomic_path,
+    check_header,
     codec_rate_error,
     fs_path,
-    length_error,
     output_format,
     read_blocks,
     read_info,
@@ -119,7 +119,7 @@ def enhance_stream(
     """
     t0 = time.perf_counter()
     try:
-        fin = sf.SoundFile(fs_path(src) if isinstance(src, str | os.PathLike) else src)
+        fin = sf.SoundFile(fs_path(src))
     except Exception as exc:
         # not "Error opening <_io.BytesIO object at 0x...>"
         reason = _first_line(exc).replace(repr(src), "it")
@@ -128,11 +128,7 @@ def enhance_stream(
         rate, channels, frames = fin.samplerate, fin.channels, fin.frames
         if frames == 0:
             raise AudioError(f"{name}: contains no samples (zero-length audio)")
-        problem = length_error(frames, name)
-        if problem:
-            raise AudioError(problem)
-        if channels > MAX_CHANNELS:  # as load_audio says it (the engine's own check named no file)
-            raise AudioError(f"{name}: {channels} channels (at most {MAX_CHANNELS} are enhanced)")
+        check_header(name, frames, channels)  # as load_audio says it (the engine's own check names no file)
         fmt = out_format or fin.format
         if fmt not in sf.available_formats():
             raise AudioError(f"{name}: cannot write format {fmt}")
@@ -164,14 +160,7 @@ def enhance_stream(
         written = 0
         peak = 0.0
         try:
-            fout = sf.SoundFile(
-                fs_path(dst) if isinstance(dst, str | os.PathLike) else dst,
-                "w",
-                rate,
-                channels,
-                subtype,
-                format=fmt,
-            )
+            fout = sf.SoundFile(fs_path(dst), "w", rate, channels, subtype, format=fmt)
         except (sf.LibsndfileError, ValueError) as exc:
             raise AudioError(
                 f"{name}: cannot write {fmt}/{subtype or 'default'} output ({_first_line(exc)})"
@@ -227,6 +216,21 @@ def enhance_stream(
     )
 
 
+@contextlib.contextmanager
+def new_output(dst: str | os.PathLike[str], overwrite: bool) -> Iterator[str]:
+    """:func:`atomic_path` for an output file: refused when ``dst`` exists unless ``overwrite``, also when another
+    run wrote it while this one worked (its file is kept)."""
+    if os.path.exists(dst) and not overwrite:
+        raise AudioError(f"{dst}: output exists (use --overwrite)")
+    try:
+        with atomic_path(dst, replace=overwrite) as tmp:
+            yield tmp
+    except FileExistsError:
+        raise AudioError(
+            f"{dst}: output exists (written meanwhile by another run; use --overwrite)"
+        ) from None
+
+
 def enhance_file(
     model: Enhancer,
     src: str | os.PathLike[str],
@@ -248,20 +252,13 @@ def enhance_file(
         raise AudioError(f"{src}: empty file (0 bytes)")
     if dst_p.exists() and (dst_p.resolve() == src_p.resolve() or os.path.samefile(src_p, dst_p)):
         raise AudioError(f"{src}: refusing to overwrite the input file")
-    if dst_p.exists() and not overwrite:
-        raise AudioError(f"{dst}: output exists (use --overwrite)")
     read_info(src_p)  # an unreadable input is reported as such before anything about the output
     fmt, implied = (out_format.upper(), None) if out_format else output_format(dst_p)
     out_subtype = out_subtype or implied
-    try:
-        with atomic_path(dst_p, replace=overwrite) as tmp:
-            result = enhance_stream(
-                model, str(src_p), tmp, name=str(src), out_format=fmt, out_subtype=out_subtype, **kwargs
-            )
-    except FileExistsError:  # another process wrote it while this one worked: its file is kept
-        raise AudioError(
-            f"{dst}: output exists (written meanwhile by another run; use --overwrite)"
-        ) from None
+    with new_output(dst_p, overwrite) as tmp:
+        result = enhance_stream(
+            model, str(src_p), tmp, name=str(src), out_format=fmt, out_subtype=out_subtype, **kwargs
+        )
     result.output = str(dst_p)
     return result
 

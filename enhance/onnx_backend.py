@@ -89,16 +89,12 @@ def export_step(
 
 # what a step file records of the model it was exported from, checked by OnnxStepper against the model it is
 # given: a file run beside a model with another attenuation limit or other weights gave other samples, silently
-ORIGIN_KEYS = ("tim_enhance.max_attenuation_db", "tim_enhance.weights_sha256")
+LIMIT_KEY, WEIGHTS_KEY = ORIGIN_KEYS = ("tim_enhance.max_attenuation_db", "tim_enhance.weights_sha256")
 
 
 def origin(model: Enhancer) -> dict[str, str]:
     limit = model.cfg.max_attenuation_db
-    return dict(
-        zip(
-            ORIGIN_KEYS, ("none" if limit is None else repr(float(limit)), weights_digest(model)), strict=True
-        )
-    )
+    return {LIMIT_KEY: "none" if limit is None else repr(float(limit)), WEIGHTS_KEY: weights_digest(model)}
 
 
 def _write_origin(path: str | os.PathLike[str], props: dict[str, str]) -> None:
@@ -120,13 +116,12 @@ def _check_origin(path: str | os.PathLike[str], session: Any, model: Enhancer) -
     if not all(key in found for key in ORIGIN_KEYS):
         raise ValueError(f"{path} does not say which weights and attenuation limit it holds: {again}")
     want = origin(model)
-    limit_key, weights_key = ORIGIN_KEYS
-    if found[limit_key] != want[limit_key]:
+    if found[LIMIT_KEY] != want[LIMIT_KEY]:
         raise ValueError(
-            f"{path} was exported with the attenuation limit {found[limit_key]} dB and the model's is "
-            f"{want[limit_key]}: {again} (after set_max_attenuation)"
+            f"{path} was exported with the attenuation limit {found[LIMIT_KEY]} dB and the model's is "
+            f"{want[LIMIT_KEY]}: {again} (after set_max_attenuation)"
         )
-    if found[weights_key] != want[weights_key]:
+    if found[WEIGHTS_KEY] != want[WEIGHTS_KEY]:
         raise ValueError(f"{path} was exported from other weights than this model's: {again}")
 
 

@@ -25,7 +25,7 @@ import torch
 
 from enhance.audio_io import MAX_CHANNELS, sample_layout_error, sample_value_error
 from enhance.stft import analysis_frames, apply_magnitude, log_magnitude, overlap_add, synthesis_frames
-from models.enhancer import Enhancer, eval_mode
+from models.enhancer import Enhancer
 
 
 @dataclass
@@ -56,7 +56,7 @@ class StreamingEnhancer:
         the rest they run here with :mod:`enhance.stft` (PyTorch, on the model's device and dtype)."""
         if not (isinstance(channels, (int, np.integer)) and 1 <= channels <= MAX_CHANNELS):
             raise ValueError(f"channels must be an integer from 1 to {MAX_CHANNELS}, got {channels!r}")
-        self.model, self.with_competition = model, with_competition  # its mode is its owner's (eval_mode)
+        self.model, self.with_competition = model, with_competition  # its mode is its owner's (Enhancer.step)
         self.backend = backend if backend is not None else model
         self.cfg = model.cfg.stft
         param = next(model.parameters())
@@ -150,8 +150,7 @@ class StreamingEnhancer:
         else:
             cdtype = torch.promote_types(self.dtype, torch.complex64)
             spec = torch.zeros(st.channels, 0, self.cfg.n_bins, dtype=cdtype, device=self.device)
-        with eval_mode(self.model):  # the pytorch backend runs the model itself
-            out, st.model = self.backend.step(log_magnitude(spec), st.model, final, self.with_competition)
+        out, st.model = self.backend.step(log_magnitude(spec), st.model, final, self.with_competition)
         out.log_mag = out.log_mag.to(self.device, self.dtype)
         assert not isinstance(st.spectra, np.ndarray)  # the torch path's spectra
         spectra = spec if st.spectra is None else torch.cat([st.spectra, spec], dim=1)

@@ -184,13 +184,15 @@ class Enhancer(nn.Module):
 
         The concatenation of all outputs equals :meth:`forward` on the concatenated input (tested), with
         ``lookahead_frames`` frames of delay; ``final=True`` (with the last frames, possibly none) releases them.
-        The offline :meth:`forward` stays the reference.
+        The offline :meth:`forward` stays the reference. Streaming is inference: it runs as in eval mode (no
+        dropout) whatever the model's mode, which it leaves as it was (:func:`eval_mode`).
         """
         if feats.ndim != 3 or feats.shape[-1] != self.cfg.pre_encoder.n_bins:
             raise ValueError(
                 f"expected features [B, n, {self.cfg.pre_encoder.n_bins}], got {tuple(feats.shape)}"
             )
-        return _step(self, feats, state, final, return_competition)
+        with eval_mode(self):
+            return _step(self, feats, state, final, return_competition)
 
 
 @dataclass

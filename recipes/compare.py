@@ -123,9 +123,8 @@ def evaluate(name: str, run: Path, pairs: str, dnsmos: bool) -> Path:
         cmd = [sys.executable, "-m", "recipes.evaluate", "--checkpoint", str(run / "best.safetensors")]
         cmd += ["--pairs", pairs, "--out", str(out)] + ([] if dnsmos else ["--no-dnsmos"])
         print(f"[compare] {name}: evaluating on {pairs}", flush=True)
-        used.unlink(
-            missing_ok=True
-        )  # a failed evaluation must not leave the folder looking fresh for these settings
+        # a failed evaluation must not leave the folder looking fresh for these settings
+        used.unlink(missing_ok=True)
         _run(cmd)
         with atomic_path(used) as tmp:
             Path(tmp).write_text(json.dumps(settings) + "\n")

@@ -234,9 +234,8 @@ def evaluate(
         "files_converted": notes,
         "elapsed_s": round(time.perf_counter() - start, 3),
     }
-    if result[
-        "n_evaluated"
-    ]:  # else earlier reports there stay as they were (they were replaced by empty ones)
+    # nothing scored: the folder's earlier reports stay (they were replaced by empty ones)
+    if result["n_evaluated"]:
         write_outputs(Path(out_dir), rows, result)
     return result
 

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from enhance.stft import STFTConfig
 from recipes.audio_pool import AudioPool
 from recipes.augment import AugmentConfig, augment, augment_rng
 
-WINDOW = 512  # the STFT window: a training segment holds at least one frame
+WINDOW = STFTConfig().win_length  # a training segment holds at least one STFT frame
 
 
 @dataclass(frozen=True)

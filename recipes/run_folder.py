@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from enhance.audio_io import atomic_path
+from enhance.audio_io import atomic_path, nearest_existing
 from models.checkpoint import software_versions
 
 LOCK_NAME = ".lock"
@@ -96,14 +96,11 @@ def out_folder_problem(out: str | Path) -> str | None:
     """Why ``out`` cannot be (or become) a folder, found before any work (None: it can): it, or the nearest of
     its parents that exists, is a file, or a folder this user cannot write in (a NotADirectoryError or
     PermissionError traceback once the work was done)."""
-    path = Path(out)
-    for p in [path, *path.parents]:
-        if p.exists():
-            if not p.is_dir():
-                return f"--out {out}: {p} exists and is not a folder"
-            if not os.access(p, os.W_OK | os.X_OK):
-                return f"--out {out}: {p} is not writable"
-            return None
+    p = nearest_existing(out)
+    if p is not None and not p.is_dir():
+        return f"--out {out}: {p} exists and is not a folder"
+    if p is not None and not os.access(p, os.W_OK | os.X_OK):
+        return f"--out {out}: {p} is not writable"
     return None
 
 

@@ -104,9 +104,8 @@ class MetricsMiddleware:
             await send(message)
 
         self.metrics.in_flight.inc()
-        pristine = dict(
-            scope
-        )  # routing rewrites the scope (a mount's root_path): match on the request as sent
+        # routing rewrites the scope (a mount's root_path): a route is matched on the request as sent
+        pristine = dict(scope)
         try:
             await self.app(scope, receive, send_status)
         finally:

@@ -80,7 +80,7 @@ SOXR_QUALITY = {"high": "HQ", "low_latency": "LQ"}
 
 
 @functools.lru_cache(maxsize=64)
-def resampling_ms(rate: int, resampling: str, engine_latency: int = 768, hop: int = 256) -> float:
+def resampling_ms(rate: int, resampling: str, engine_latency: int, hop: int) -> float:
     """How much the resamplers add to the engine's delay (ms; 0 at the engine's rate), at most, in steady state,
     fed 10 ms frames: soxr's streams compensate their filters' delay by holding samples back. A dry run of the
     resamplers with the engine's hold between them (the engine emits whole hops, ``engine_latency - hop``

@@ -108,9 +108,8 @@ async def _parse_multipart(request: Request, body: bytes) -> tuple[bytes, str | 
         form = await parser.parse()
     except MultiPartException as exc:
         hint = ""
-        if (
-            "maximum size" in exc.message
-        ):  # a text field over 64 KiB: nearly always audio sent without a filename
+        # a text field over 64 KiB: nearly always audio sent without a filename
+        if "maximum size" in exc.message:
             hint = f" (a text field: send the audio as a file part, e.g. curl -F '{UPLOAD_FIELD}=@x.wav')"
         raise ApiError(400, "bad_multipart", f"malformed multipart body: {exc.message}{hint}") from None
     except (ValueError, KeyError, AssertionError) as exc:

@@ -129,7 +129,11 @@ def check_output(info: AudioInfo, name: str, fmt: str) -> None:
             422,
             "unsupported_output",
             f"{name}: {problem} (the output keeps the input's rate): ask for "
-            + " or ".join(f"format={other}" for other in OUTPUT_FORMATS if other != fmt and other != "ogg"),
+            + " or ".join(
+                f"format={other}"
+                for other, (container, _, _) in OUTPUT_FORMATS.items()
+                if codec_rate_error(container, None, info.sample_rate) is None
+            ),
         )
 
 
