@@ -215,13 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"Step floor, one CPU thread, {cpu_summary()}, "
         f"{datetime.date.today().isoformat()}. Command: `python bench/bench_step_floor.py"
+        f"{' --checkpoint ' + args.checkpoint if args.checkpoint else ''}"
+        f"{' --model ' + args.model if args.model and not args.checkpoint else ''}"
         f"{' --compile' if args.compile else ''}`",
         "",
         f"The model has {n_weights / 1e6:.2f}M weights in matrices ({4 * n_weights / 2**20:.1f} MiB as float32). "
-        "Fastest of 5 batches per row; real-time factor = time per frame / 16 ms hop.",
+        f"Fastest of 5 batches per row; real-time factor = time per frame / {hop_ms:g} ms hop.",
         "",
         "| what | frames per call | ms per call | ms per frame | real-time factor "
-        "| x the 133-product float32 row (same frames per call) |",
+        f"| x the {len(mats)}-product float32 row (same frames per call) |",
         "|---|---|---|---|---|---|",
     ]
     for what, seconds, frames in rows:

@@ -170,17 +170,17 @@ def main() -> int:
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     model_args = {"checkpoint": args.checkpoint or "", "model": args.model}
-    # the model loads here first: a bad one is a usage error, not ten "not run" rows and exit 0
-    if not args.one:
-        from models import CheckpointError, load_checkpoint
-        from models.pretrained import load_pretrained
-
-        try:
-            load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
-        except (CheckpointError, OSError, ValueError, KeyError) as exc:
-            ap.error(f"the model: {exc}")
+    if args.one:  # one system's run, in its own process (below)
         print(json.dumps(run_system(args.one, args.seconds, model_args)))
         return 0
+    # the model loads here first: a bad one is a usage error, not ten "not run" rows and exit 0
+    from models import CheckpointError, load_checkpoint
+    from models.pretrained import load_pretrained
+
+    try:
+        load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
+    except (CheckpointError, OSError, ValueError, KeyError) as exc:
+        ap.error(f"the model: {exc}")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     load_before = os.getloadavg()[0]
     runs: dict[str, list[dict]] = {name: [] for name in SYSTEMS}
