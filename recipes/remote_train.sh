@@ -53,8 +53,9 @@ start)
             .gpu/whl/*.whl
     fi
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2> /dev/null || true
+    : > "$LOG"  # there before the first look (the background run opens it when it gets to it)
     PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 setsid nohup "$PYTHON" -m recipes.train --out "$RUN" \
-        --time-budget-minutes "$minutes" "$@" > "$LOG" 2>&1 < /dev/null &
+        --time-budget-minutes "$minutes" "$@" >> "$LOG" 2>&1 < /dev/null &
     echo $! > "$PID"
     sleep "${START_WAIT:-60}"
     tail -n 20 "$LOG"

@@ -87,6 +87,7 @@ def test_command_end_to_end(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         cwd=ROOT,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     r = json.loads((out / "summary.json").read_text())

@@ -29,5 +29,5 @@ def _tool(name: str) -> str:
     ids=["ruff-format", "ruff-check", "mypy"],
 )
 def test_tool_passes(args: list[str]) -> None:
-    proc = subprocess.run([_tool(args[0]), *args[1:]], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([_tool(args[0]), *args[1:]], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -176,6 +177,15 @@ def test_upload_enhance_and_draw(tmp_path: Path) -> None:
         assert not errors, errors
 
 
+def wait_until_held(page: Any, held: list[Any], timeout_s: float = 20.0) -> None:
+    """Until the page's request has reached the route handler that holds it (Playwright runs handlers while it
+    waits), then that exactly one is held."""
+    deadline = time.monotonic() + timeout_s
+    while not held and time.monotonic() < deadline:
+        page.wait_for_timeout(50)
+    assert len(held) == 1, f"{len(held)} requests held"
+
+
 def test_a_newer_upload_wins(tmp_path: Path) -> None:
     """A second file picked while the first is still being enhanced: the first run's requests are aborted and
     only the second file's results end on screen (both runs once wrote to the page, the last to finish won)."""
@@ -198,8 +208,7 @@ def test_a_newer_upload_wins(tmp_path: Path) -> None:
         page.wait_for_function(MODELS_LISTED, timeout=20000)
         page.set_input_files("#file-input", str(first))
         page.wait_for_function("document.body.dataset.state === 'working'", timeout=10000)
-        page.wait_for_timeout(200)
-        assert len(held) == 1
+        wait_until_held(page, held)
         assert b.upload(second) == "done", b.status()
         assert any("v1/enhance" in url for url in b.failed), b.failed  # the first run's request: aborted
         with contextlib.suppress(Exception):  # already aborted by the page: continuing it may be refused
@@ -295,8 +304,7 @@ def test_both_requests_of_a_run_use_the_model_chosen_when_it_started(tmp_path: P
         assert page.locator("#model-select").input_value() == "tiny"
         page.set_input_files("#file-input", str(audio))
         page.wait_for_function("document.body.dataset.state === 'working'", timeout=10000)
-        page.wait_for_timeout(300)
-        assert len(held) == 1
+        wait_until_held(page, held)
         page.select_option("#model-select", "other")  # changed while the enhancement runs
         held[0].continue_()
         page.wait_for_function(ENDED, timeout=60000, polling=100)
