@@ -124,8 +124,9 @@ def test_command_errors_are_messages_and_a_bad_file_is_skipped(tmp_path: Path, c
     out = str(tmp_path / "out")
     missing = str(tmp_path / "nope.safetensors")
     assert main(["--checkpoint", missing, "--pairs", str(tmp_path / "dev"), "--out", out]) == 2
+    assert capsys.readouterr().err == f"analyze_competition: error: {missing}: no such checkpoint file\n"
     assert main(["--checkpoint", str(ck), "--pairs", str(tmp_path / "nowhere"), "--out", out]) == 2
-    assert "Traceback" not in capsys.readouterr().err
+    assert capsys.readouterr().err == f"analyze_competition: error: {tmp_path / 'nowhere'}: not a directory\n"
     assert (
         main(["--checkpoint", str(ck), "--pairs", str(tmp_path / "dev"), "--out", out, "--figures", "1"]) == 0
     )
@@ -143,7 +144,7 @@ def test_command_errors_are_messages_and_a_bad_file_is_skipped(tmp_path: Path, c
     json.loads((out2 / "summary.json").read_text(), parse_constant=no_nan)
     # an --out under a file: refused before any work (it was a traceback after it)
     (tmp_path / "a-file").write_text("x")
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_:
         main(
             [
                 "--checkpoint",
@@ -154,7 +155,9 @@ def test_command_errors_are_messages_and_a_bad_file_is_skipped(tmp_path: Path, c
                 str(tmp_path / "a-file" / "o"),
             ]
         )
-    assert "exists and is not a folder" in capsys.readouterr().err
+    assert exit_.value.code == 2
+    a_file = tmp_path / "a-file"
+    assert f"error: --out {a_file / 'o'}: {a_file} exists and is not a folder" in capsys.readouterr().err
 
 
 def test_a_silent_clean_file_has_no_speech_frames() -> None:

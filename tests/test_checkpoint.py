@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import functools
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,7 @@ import torch
 from models import CheckpointError, Enhancer, get_config, load_checkpoint, save_checkpoint
 from models.config_io import from_dict, to_dict
 from models.enhancer import EnhancerConfig
+from tests.conftest import ROOT
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-transformer", "tiny-nocomp", "tiny-tim4", "tim"])
@@ -90,17 +94,62 @@ def test_foreign_and_truncated_files_are_refused(tmp_path: Path) -> None:
         load_checkpoint(tmp_path / "absent.safetensors")
 
 
-def test_failed_save_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _small_files(limit: int) -> None:
+    """In the child: files may grow to ``limit`` bytes, and a write past that fails with EFBIG, as on a full
+    disk (instead of SIGXFSZ killing the process)."""
+    import resource
+    import signal
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    """A save that fails for want of room (here: the file size limit, RLIMIT_FSIZE, half the checkpoint's size,
+    which refuses the new file's bytes as a full disk does) leaves the previous checkpoint byte for byte as it was
+    and no temporary file beside it, in a real process (no stand-in writer)."""
+    path = tmp_path / "m.safetensors"
+    torch.manual_seed(0)
+    save_checkpoint(path, Enhancer(get_config("tiny")), "tiny")
+    before = path.read_bytes()
+    # other weights and training state: a save that went through would change the file
+    code = (
+        "import sys, torch\n"
+        "from models import Enhancer, get_config, save_checkpoint\n"
+        "torch.manual_seed(1)\n"
+        "save_checkpoint(sys.argv[1], Enhancer(get_config('tiny')), 'tiny', training={'epochs_done': 2})\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"},
+        preexec_fn=functools.partial(_small_files, len(before) // 2),  # the new file cannot be written whole
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "File too large" in proc.stderr, proc.stderr  # EFBIG: the writing failed, nothing before it
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["m.safetensors"]
+
+
+def test_a_save_that_damages_its_target_keeps_the_previous_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the subprocess test above cannot show with the safetensors installed here: safetensors 0.8 writes
+    through a temporary file of its own, so its failures never touch the target, but the versions before it
+    (``safetensors>=0.4`` allows them) truncated the target first and left it half-written. Such a writer is
+    stood in for here; save_checkpoint must still keep the previous checkpoint."""
     path = tmp_path / "m.safetensors"
     model = Enhancer(get_config("tiny"))
     save_checkpoint(path, model, "tiny")
     before = path.read_bytes()
 
-    def explode(tensors, filename, metadata=None):  # a save that dies half-way through writing
+    def truncating_writer(tensors, filename, metadata=None):  # pre-0.8 safetensors on a full disk
         Path(filename).write_bytes(b"half")
         raise OSError("disk full")
 
-    monkeypatch.setattr(safetensors.torch, "save_file", explode)
+    monkeypatch.setattr(safetensors.torch, "save_file", truncating_writer)
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(path, model, "tiny")
     assert path.read_bytes() == before

@@ -287,8 +287,10 @@ def test_main_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[st
     data = make_dev_set(tmp_path / "data", n=1, seconds=0.5)
     assert main(["--model-config", "no-such-model", "--pairs", str(data), "--out", str(tmp_path / "o")]) == 2
     assert "unknown model config" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_:  # an argparse usage error
         main(["--pairs", str(data), "--out", str(tmp_path / "o")])  # neither --checkpoint nor --model-config
+    assert exit_.value.code == 2
+    assert "error: one of the arguments --checkpoint --model-config is required" in capsys.readouterr().err
     (tmp_path / "a-file").write_text("x")  # found before the evaluation runs, not after it
     assert main(["--model-config", "tiny", "--pairs", str(data), "--out", str(tmp_path / "a-file")]) == 2
     assert "exists and is not a folder" in capsys.readouterr().err

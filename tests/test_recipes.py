@@ -502,6 +502,13 @@ def test_killed_run_resumes_exactly(resume_runs: ResumeRuns) -> None:
     state_b = run_folder.load_state(resume_runs.b / "state.pt")
     assert torch.equal(state_a["rng"]["torch"], state_b["rng"]["torch"])
     assert state_a["scheduler"] == state_b["scheduler"]
+    assert state_a["position"] == state_b["position"]
+    # Adam's moments and step counts continued exactly, not restarted at the resume
+    opt_a, opt_b = state_a["optimizer"], state_b["optimizer"]
+    assert opt_a["param_groups"] == opt_b["param_groups"] and opt_a["state"].keys() == opt_b["state"].keys()
+    for i, moments in opt_a["state"].items():
+        assert moments.keys() == opt_b["state"][i].keys()
+        assert all(torch.equal(v, opt_b["state"][i][name]) for name, v in moments.items()), i
     # the raw weights and the average both continued exactly; the checkpoints hold the average, not the raw weights
     assert all(torch.equal(state_a["model"][k], state_b["model"][k]) for k in state_a["model"])
     ema_a, ema_b = state_a["ema"], state_b["ema"]

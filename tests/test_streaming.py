@@ -11,11 +11,12 @@ import torch
 from enhance.offline import enhance_waveform
 from enhance.streaming import StreamingEnhancer
 from models import Enhancer, get_config
-from models.enhancer import EnhancerState
+from models.enhancer import EnhancerConfig, EnhancerState
 from models.registry import paper_config, tiny_config
 
-TINY = [
+TINY = [  # streamed on every backend that takes them (tests/test_native.py: the C step's list)
     "tiny",
+    "tiny-direct",
     "tiny-transformer",
     "tiny-nocomp",
     "tiny-tim4",
@@ -26,9 +27,17 @@ TINY = [
 ]
 
 
+def _config(name: str) -> EnhancerConfig:
+    """A registry config, or ``tiny-direct``: the tiny model with the paper's direct output (softplus(head(h)),
+    the output of ``tim-direct``, which the registry has at paper size only)."""
+    if name == "tiny-direct":
+        return dataclasses.replace(get_config("tiny"), output="direct")
+    return get_config(name)
+
+
 def _model(name_or_cfg, seed: int = 0) -> Enhancer:
     torch.manual_seed(seed)
-    cfg = get_config(name_or_cfg) if isinstance(name_or_cfg, str) else name_or_cfg
+    cfg = _config(name_or_cfg) if isinstance(name_or_cfg, str) else name_or_cfg
     return Enhancer(cfg).double().eval()
 
 
@@ -56,7 +65,7 @@ def _sizes(kind, rng: np.random.Generator):
 def test_streaming_equals_offline(name: str, chunk) -> None:
     model = _model(name)
     rng = np.random.default_rng(1)
-    for n in (1, 257, 3001) if chunk != 1 else (1, 1283):
+    for n in (1, 257, 2560, 3001) if chunk != 1 else (1, 1283, 1536):  # 2560, 1536: whole hops
         x = (rng.standard_normal((2, n)) * 0.1).astype(np.float32)
         ref = enhance_waveform(model, x, return_competition=True)
         y, maps = _stream(StreamingEnhancer(model, 2, with_competition=True), x, _sizes(chunk, rng))
@@ -150,6 +159,55 @@ def test_latency_matches_the_documented_formula() -> None:
     assert delay.min() == 513
 
 
+def _identity(model: Enhancer) -> Enhancer:
+    """``model`` (residual output) with its output head zeroed: relu(noisy log magnitude + 0) is the noisy log
+    magnitude (>= 0), which with the noisy phase and the sqrt-Hann overlap-add rebuilds the input."""
+    assert model.cfg.output == "residual"
+    with torch.no_grad():
+        model.head.weight.zero_()
+        model.head.bias.zero_()
+    return model
+
+
+@pytest.mark.parametrize("backend", ["pytorch", "native"])
+def test_an_impulse_comes_back_at_its_sample_after_the_reported_latency(backend: str) -> None:
+    """The impulse response of the stream through an identity model, fed one sample per call and read as it comes
+    out (nothing compensated): an impulse at input sample k comes back as output sample k, the rest silence, and
+    is returned once k + d input samples have arrived, d = latency_samples - k % hop (the engine's definition:
+    a window plus the lookahead, less the part of the current hop already received). An impulse at the start of
+    a hop shows the reported latency itself, 768 samples = 48 ms; the shortest delay is one sample over a hop
+    less (513)."""
+    from enhance.backends import streaming_backend
+
+    model = _identity(_model("tiny").float())
+    noise = (np.random.default_rng(8).standard_normal((1, 3000)) * 0.1).astype(np.float32)
+    assert np.abs(enhance_waveform(model, noise).wav - noise).max() < 1e-5  # the model is an identity
+    stepper = streaming_backend(model, backend)
+    hop, rate = model.cfg.stft.hop_length, model.cfg.stft.sample_rate
+    delays = {}
+    for k in (0, 1, 100, 255, 256, 300, 511, 512, 767, 768, 1000):
+        engine = StreamingEnhancer(model, backend=stepper)
+        n = k + engine.latency_samples + 300
+        x = np.zeros((1, n), np.float32)
+        x[0, k] = 0.5
+        pieces, arrived = [], []  # arrived[s]: input samples received when output sample s was returned
+        for i in range(n):
+            piece = engine.process(x[:, i : i + 1])
+            pieces.append(piece)
+            arrived += [i + 1] * piece.shape[1]
+        y = np.concatenate(pieces, axis=1)[0]
+        assert len(y) > k and int(np.argmax(np.abs(y))) == k, (k, np.argmax(np.abs(y)))
+        assert abs(y[k] - 0.5) < 1e-5 and np.abs(np.delete(y, k)).max() < 1e-5
+        delays[k] = arrived[k] - k
+        rest = engine.flush()[0]  # the whole stream is the input
+        assert np.abs(np.concatenate([y, rest]) - x[0]).max() < 1e-5
+    assert delays == {k: engine.latency_samples - k % hop for k in delays}, delays
+    assert engine.latency_samples == 768 and engine.latency_ms == 48.0
+    assert delays[0] == delays[256] == delays[512] == delays[768] == engine.latency_samples
+    assert max(delays.values()) * 1000.0 / rate == engine.latency_ms
+    assert min(delays.values()) == delays[255] == engine.latency_samples - hop + 1 == 513
+
+
 def test_flush_resets_for_the_next_stream() -> None:
     model = _model("tiny")
     engine = StreamingEnhancer(model)
@@ -186,9 +244,7 @@ def test_bad_chunks_are_refused() -> None:
         StreamingEnhancer(_model("tiny"), channels=0)
 
 
-@pytest.mark.parametrize(
-    "name", ["tiny", "tiny-transformer", "tiny-nocomp", "tiny-tim4", "tiny+sdu", "tiny+mae"]
-)
+@pytest.mark.parametrize("name", TINY)
 def test_onnx_backend_equals_pytorch(tmp_path, name: str) -> None:
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
@@ -196,7 +252,7 @@ def test_onnx_backend_equals_pytorch(tmp_path, name: str) -> None:
 
     torch.manual_seed(0)
     limit = 12.0 if name == "tiny" else None  # the attenuation limit is part of the exported step
-    model = Enhancer(dataclasses.replace(get_config(name), max_attenuation_db=limit)).eval()
+    model = Enhancer(dataclasses.replace(_config(name), max_attenuation_db=limit)).eval()
     path = export_step(model, tmp_path / "step.onnx")
     one = export_step(model, tmp_path / "one.onnx", frames=1)
     assert not model.training  # exporting must not switch dropout on
@@ -279,14 +335,12 @@ def test_int8_backend_is_close_to_float_on_the_default_model_and_really_quantise
         assert 30.0 < snr < 80.0, name
 
 
-@pytest.mark.parametrize(
-    "name", ["tiny", "tiny-transformer", "tiny-nocomp", "tiny-tim4", "tiny+sdu", "tiny+mae"]
-)
+@pytest.mark.parametrize("name", TINY)
 def test_torchscript_backend_equals_pytorch(name: str) -> None:
     from enhance.fixed_step import TracedStepper
 
     torch.manual_seed(0)
-    model = Enhancer(dataclasses.replace(get_config(name), max_attenuation_db=12.0)).eval()
+    model = Enhancer(dataclasses.replace(_config(name), max_attenuation_db=12.0)).eval()
     backend = TracedStepper(model)
     assert not model.training
     x = (np.random.default_rng(7).standard_normal((2, 3100)) * 0.1).astype(np.float32)
