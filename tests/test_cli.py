@@ -197,17 +197,24 @@ def _bad_files(d: Path) -> dict[str, tuple[Path, str]]:
     x[500] = 3e38  # finite, but not audio: it came out as NaN samples
     sf.write(d / "huge.wav", x, 16000, subtype="FLOAT")
     files["huge"] = (d / "huge.wav", "beyond ±1000")
+    late = noisy(12.0, 16000)
+    late[11 * 16000] = np.nan  # in the second 10-s block: the first was already enhanced and written
+    sf.write(d / "nan_late.wav", late, 16000, subtype="FLOAT")
+    files["nan-late"] = (d / "nan_late.wav", "NaN or infinite")
     files["missing"] = (d / "missing.wav", "no such file")
     return files
 
 
-def test_bad_inputs_fail_alone_with_one_line_each(tmp_path: Path, ckpt: str) -> None:
+@pytest.mark.parametrize("mode", [[], ["--stream"]], ids=["offline", "stream"])
+def test_bad_inputs_fail_alone_with_one_line_each(tmp_path: Path, ckpt: str, mode: list[str]) -> None:
+    """Each bad file (NaN or huge samples mid-file included) fails alone, with its path and reason, offline and
+    through the streaming engine, which reads in blocks and so meets a bad block after writing good ones."""
     bad = _bad_files(tmp_path / "in")
     good = tmp_path / "in" / "good.wav"
     sf.write(good, noisy(0.8, 16000), 16000)
     out = tmp_path / "out"
     paths = [str(p) for p, _ in bad.values()] + [str(good)]
-    proc = cli(*paths, "-o", f"{out}/", "--checkpoint", ckpt, "--json")
+    proc = cli(*paths, "-o", f"{out}/", "--checkpoint", ckpt, "--json", *mode)
     assert proc.returncode == 1
     errors = [line for line in proc.stderr.decode().splitlines() if line.startswith("enhance-cli: error:")]
     assert len(errors) == len(bad)
