@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import collections
 import os
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -47,3 +49,34 @@ def flac_without_length(seconds: float = 1.0, rate: int = 16000) -> bytes:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+def reachable_array_bytes(root: object) -> int:
+    """Bytes of every NumPy array and torch tensor (its storage) reachable from ``root`` through attributes,
+    dicts, lists, tuples and sets, each counted once; an array view's base counts (it keeps the base alive)."""
+    seen: set[int] = set()
+    storages: set[int] = set()
+    total, todo = 0, [root]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or obj is None or isinstance(obj, (bool, int, float, complex, str)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, np.ndarray):
+            total += obj.nbytes if obj.base is None else 0
+            todo.append(obj.base)
+        elif isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            if storage.data_ptr() not in storages or storage.data_ptr() == 0:
+                storages.add(storage.data_ptr())
+                total += storage.nbytes()
+        elif isinstance(obj, (bytes, bytearray, memoryview)):
+            total += memoryview(obj).nbytes
+        elif isinstance(obj, dict):
+            todo += [*obj.keys(), *obj.values()]
+        elif isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
+            todo += list(obj)
+        elif not isinstance(obj, (type, types.ModuleType, types.FunctionType, types.MethodType)):
+            todo += list(getattr(obj, "__dict__", {}).values())
+            todo += [getattr(obj, n) for n in getattr(type(obj), "__slots__", ()) if hasattr(obj, n)]
+    return total

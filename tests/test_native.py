@@ -3,14 +3,12 @@ clear errors where it cannot run. (One stepper shared by concurrent streams: tes
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import os
 import platform
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import httpx
@@ -31,7 +29,7 @@ from models.pre_encoder import PreEncoderConfig
 from models.pretrained import load_pretrained
 from models.registry import tiny_config
 from models.tim_layer import TIMLayerConfig
-from tests.conftest import ROOT
+from tests.conftest import ROOT, reachable_array_bytes
 from tests.test_streaming import _config, _sizes, _stream
 
 SUPPORTED = ["tiny", "tiny-direct", "tiny-transformer", "tiny-nocomp", "tiny-tim4"]
@@ -280,37 +278,6 @@ def test_state_is_fixed_size() -> None:
         NativeStepper(model, weights="bfloat16")
 
 
-def _array_bytes(root: object) -> int:
-    """Bytes of every NumPy array and torch tensor (its storage) reachable from ``root`` through attributes,
-    dicts, lists, tuples and sets, each counted once; an array view's base counts (it keeps the base alive)."""
-    seen: set[int] = set()
-    storages: set[int] = set()
-    total, todo = 0, [root]
-    while todo:
-        obj = todo.pop()
-        if id(obj) in seen or obj is None or isinstance(obj, (bool, int, float, complex, str)):
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, np.ndarray):
-            total += obj.nbytes if obj.base is None else 0
-            todo.append(obj.base)
-        elif isinstance(obj, torch.Tensor):
-            storage = obj.untyped_storage()
-            if storage.data_ptr() not in storages or storage.data_ptr() == 0:
-                storages.add(storage.data_ptr())
-                total += storage.nbytes()
-        elif isinstance(obj, (bytes, bytearray, memoryview)):
-            total += memoryview(obj).nbytes
-        elif isinstance(obj, dict):
-            todo += [*obj.keys(), *obj.values()]
-        elif isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
-            todo += list(obj)
-        elif not isinstance(obj, (type, types.ModuleType, types.FunctionType, types.MethodType)):
-            todo += list(getattr(obj, "__dict__", {}).values())
-            todo += [getattr(obj, n) for n in getattr(type(obj), "__slots__", ()) if hasattr(obj, n)]
-    return total
-
-
 def test_memory_stays_the_same_from_one_hour_to_two() -> None:
     """Two hours of audio through the C step in 10-s chunks (about 10 s here): every array and tensor reachable
     from the engine (its state, the stepper, the model) adds up to the same bytes after the first hour and after
@@ -325,7 +292,7 @@ def test_memory_stays_the_same_from_one_hour_to_two() -> None:
         for i in range(360):
             y = engine.process(chunks[i % 3])
             assert np.isfinite(y).all() and y.shape[1] > 0
-        arrays_bytes.append(_array_bytes(engine))
+        arrays_bytes.append(reachable_array_bytes(engine))
     assert engine.state.received == 2 * 3600 * 16000
     assert arrays_bytes[0] == arrays_bytes[1], arrays_bytes
     assert arrays_bytes[0] > 4 * sum(p.numel() for p in model.parameters())  # the walk reached the weights
