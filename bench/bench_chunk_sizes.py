@@ -29,7 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from machine import cpu_summary  # noqa: E402  (bench/machine.py)
+from machine import command_line, cpu_summary  # noqa: E402  (bench/machine.py)
 
 from bench.bench_streaming import test_signal  # noqa: E402
 from enhance.backends import streaming_backend  # noqa: E402
@@ -114,9 +114,7 @@ def main() -> int:
     text = (
         f"Streaming engine by chunk size, one CPU thread, {args.seconds:g} s of audio, "
         f"{cpu_summary()}, {time.strftime('%Y-%m-%d')}. "
-        f"Command: `python bench/bench_chunk_sizes.py "
-        f"{'--checkpoint ' + args.checkpoint if args.checkpoint else '--model ' + args.model} "
-        f"--seconds {args.seconds:g} --rounds {args.rounds}`. Load average before the run: {load_before:.2f}. "
+        f"Command: `{command_line()}`. Load average before the run: {load_before:.2f}. "
         "Real-time factor, the fastest of the alternating passes; in brackets, relative to TorchScript. "
         "onnxruntime-int8 is not the float output (bench/bench_int8.py).\n\n"
         "| chunk (samples) | chunk (ms) | " + " | ".join(f"RTF {b}" for b in names) + " |\n"

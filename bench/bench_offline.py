@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-from machine import cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
+from machine import command_line, cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -159,8 +159,7 @@ def run(args: argparse.Namespace) -> int:
     model = args.checkpoint or args.model
     header = (
         f"Offline enhancement, model `{model}`, device {args.device}, {cpu_summary()}, "
-        f"{time.strftime('%Y-%m-%d')}. Command: `python bench/bench_offline.py "
-        f"{'--checkpoint ' + args.checkpoint if args.checkpoint else '--model ' + args.model} --minutes {args.minutes:g}`\n\n"
+        f"{time.strftime('%Y-%m-%d')}. Command: `{command_line()}`\n\n"
         "Targets: real-time factor <= 0.03 (60-s file, 1 thread); peak memory <= 1 GB (60-min file).\n"
     )
     table = "| case | real-time factor | peak RSS | note |\n|---|---|---|---|\n" + "\n".join(

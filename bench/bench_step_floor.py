@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from machine import cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
+from machine import command_line, cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -214,10 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     lines = [
         f"Step floor, one CPU thread, {cpu_summary()}, "
-        f"{datetime.date.today().isoformat()}. Command: `python bench/bench_step_floor.py"
-        f"{' --checkpoint ' + args.checkpoint if args.checkpoint else ''}"
-        f"{' --model ' + args.model if args.model and not args.checkpoint else ''}"
-        f"{' --compile' if args.compile else ''}`",
+        f"{datetime.date.today().isoformat()}. Command: `{command_line()}`",
         "",
         f"The model has {n_weights / 1e6:.2f}M weights in matrices ({4 * n_weights / 2**20:.1f} MiB as float32). "
         f"Fastest of 5 batches per row; real-time factor = time per frame / {hop_ms:g} ms hop.",

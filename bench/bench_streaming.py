@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from machine import cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
+from machine import command_line, cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
 
 ROOT = Path(__file__).resolve().parents[1]
 # our systems: the streaming backend each runs (enhance.backends) and the hops fed per call
@@ -211,9 +211,7 @@ def main() -> int:
         )
     header = (
         f"Streaming, one CPU thread, {args.seconds:g} s of audio, {cpu_summary()}, "
-        f"{time.strftime('%Y-%m-%d')}. Command: `python bench/bench_streaming.py "
-        f"{'--checkpoint ' + args.checkpoint if args.checkpoint else '--model ' + args.model} "
-        f"--seconds {args.seconds:g} --rounds {args.rounds}`\n\n"
+        f"{time.strftime('%Y-%m-%d')}. Command: `{command_line()}`\n\n"
         "Targets for tim-enhance: real-time factor <= 0.10 (PyTorch), <= 0.05 (onnxruntime), per-hop p99 <= 8 ms.\n"
         "Each system is fed one chunk at a time: its own hop, or for the '32 ms chunks' rows two of our 16 ms hops "
         "(the traced or exported step runs both frames in one call; the latency grows by a hop).\n"

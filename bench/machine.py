@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
+import sys
 from pathlib import Path
 
 # the vector extensions that decide the speed of the matrix-vector work (the C step and the peers' runtimes)
@@ -48,3 +50,9 @@ def cpu_summary(cpuinfo: str | None = None) -> str:
 
 if __name__ == "__main__":
     print(cpu_summary())
+
+
+def command_line() -> str:
+    """The command this process was started with, as a user would type it from the repository root (every flag
+    given, none added): what a results file records so that its table can be made again."""
+    return shlex.join(["python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]])

@@ -3,8 +3,10 @@
 Config files are merged in order (later wins), then flags override them. A config file holds
 ``{"train": {...TrainConfig...}, "data": {...DataConfig...}}``, any part of it. Examples::
 
-    # the default model: TIM on the shared corpus, validated on its dev pairs
+    # the paper's recipe (SNR U[0, 40] dB) for TIM on the shared corpus, validated on its dev pairs
     python -m recipes.train --config recipes/configs/shared.json --config recipes/configs/tim.json --out runs/tim
+    # the default model's first stage (SNR U[-5, 25] dB; README.md, "The bundled default model")
+    python -m recipes.train --config default.json --out runs/default
     # the paper's rows on DNS
     python -m recipes.train --config recipes/configs/dns.json --config recipes/configs/transformer.json \\
         --root /data/DNS-Challenge --out runs/dns-transformer

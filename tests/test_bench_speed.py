@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,11 @@ def bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(ROOT / "bench" / script), *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def recorded(script: str, *args: str) -> str:
+    """The command line a results file must record: every flag the run was given (its table can be made again)."""
+    return f"Command: `{shlex.join(['python', f'bench/{script}', *args])}`"
 
 
 def table(text: str, first_column: str) -> list[list[str]]:
@@ -51,10 +57,10 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_bench_streaming_fills_every_row(tiny: Path, tmp_path: Path) -> None:
     out = tmp_path / "streaming.md"
-    done = bench(
-        "bench_streaming.py", "--checkpoint", str(tiny), "--seconds", "1", "--rounds", "1", "--out", str(out)
-    )
+    args = ("--checkpoint", str(tiny), "--seconds", "1", "--rounds", "1", "--out", str(out))
+    done = bench("bench_streaming.py", *args)
     assert done.returncode == 0, done.stderr
+    assert recorded("bench_streaming.py", *args) in out.read_text()
     rows = table(out.read_text(), "system")
     ours = [r for r in rows if r[0].startswith("tim-enhance")]
     assert [r[0] for r in ours] == [
@@ -95,6 +101,7 @@ def test_bench_offline_fills_every_row(tiny: Path, tmp_path: Path) -> None:
     args = ("--checkpoint", str(tiny), "--minutes", "0.05", "--repeats", "1", "--out", str(out))
     done = bench("bench_offline.py", *args)
     assert done.returncode == 0, done.stderr
+    assert recorded("bench_offline.py", *args) in out.read_text()
     rows = table(out.read_text(), "case")
     assert [r[0] for r in rows] == [
         "0.05-min file, 1 thread",
@@ -114,6 +121,7 @@ def test_bench_chunk_sizes_fills_every_row(tiny: Path, tmp_path: Path) -> None:
     done = bench("bench_chunk_sizes.py", *args, "--out", str(out))
     assert done.returncode == 0, done.stderr
     text = out.read_text()
+    assert recorded("bench_chunk_sizes.py", *args, "--out", str(out)) in text
     assert "| chunk (samples) | chunk (ms) | RTF pytorch | RTF torchscript | RTF native |" in text
     rows = table(text, "chunk (samples)")
     assert [(r[0], r[1]) for r in rows] == [
@@ -131,10 +139,11 @@ def test_bench_chunk_sizes_fills_every_row(tiny: Path, tmp_path: Path) -> None:
 
 def test_bench_step_floor_fills_every_row(tiny: Path, tmp_path: Path) -> None:
     out = tmp_path / "floor.md"
-    done = bench("bench_step_floor.py", "--checkpoint", str(tiny), "--calls", "5", "--out", str(out))
+    args = ("--checkpoint", str(tiny), "--calls", "5", "--out", str(out))
+    done = bench("bench_step_floor.py", *args)
     assert done.returncode == 0, done.stderr
     text = out.read_text()
-    assert f"--checkpoint {tiny}" in text
+    assert recorded("bench_step_floor.py", *args) in text
     counts = set(re.findall(r"\((\d+) products\)", text))
     assert len(counts) == 1, counts  # every per-product row counts the same matrices ...
     assert f"x the {counts.pop()}-product float32 row" in text  # ... and the ratio column names that count
