@@ -24,6 +24,9 @@ the noisy phase like the engine does. A filter is a ``+``-joined chain of steps 
 * ``fmean=N`` / ``fgeo=N`` / ``fmed=N``: the gain ``G = P / X`` replaced by its arithmetic mean, geometric mean or
   median over ``N`` neighbouring bins (odd; the edge bins repeated), against musical noise (RNNoise's band gains
   are smooth across frequency, the network's are per bin);
+* ``lowcut=HZ``: the bins whose centre lies below ``HZ`` set to zero (the peers take out the band below about
+  60 Hz, rumble and DC, which the network keeps; the bins are 16000 / 512 = 31.25 Hz apart, so ``lowcut=60``
+  zeroes the DC and 31-Hz bins);
 * ``raw``: no change;
 * ``oracle``, first in a chain only: ``P`` is replaced by the clean file's own magnitude, so the row is what a
   perfect magnitude prediction gives with the noisy phase (the ceiling of this design, with any steps after it,
@@ -139,6 +142,16 @@ def _bins(g: torch.Tensor, width: int) -> torch.Tensor:
     return padded.unfold(1, width, 1)
 
 
+def step_lowcut(hz: float) -> Step:
+    def f(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        centres = torch.linspace(0.0, 8000.0, p.shape[-1])  # 0 .. Nyquist of the model's 16 kHz
+        return torch.where(centres < hz, torch.zeros_like(p), p)
+
+    if not hz > 0:
+        raise ValueError(f"a cut-off must be above 0 Hz, got {hz:g}")
+    return f
+
+
 def step_freq(kind: str) -> Callable[[float], Step]:
     """Smooth the gain ``G = P / X`` over ``width`` neighbouring bins: arithmetic mean, geometric mean or
     median (musical-noise removal: an isolated residual bin among suppressed ones is pulled down)."""
@@ -194,6 +207,7 @@ def parse_filter(spec: str) -> Step:
                 "fmean": step_freq("mean"),
                 "fgeo": step_freq("geo"),
                 "fmed": step_freq("median"),
+                "lowcut": step_lowcut,
             }
             steps.append(makers[name](float(arg)))
         except (KeyError, ValueError):

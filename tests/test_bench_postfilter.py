@@ -133,7 +133,13 @@ def test_steps(bench: ModuleType) -> None:
     notch = x * torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0])
     assert bench.parse_filter("fmed=3")(x, notch)[0].tolist() == pytest.approx([1.0] * 5)
     assert bench.parse_filter("fmed=5")(x, p)[0].tolist() == pytest.approx(gains.tolist())  # monotone: kept
+    # the low cut on the model's 257 bins (31.25 Hz apart): below 60 Hz the DC and 31.25-Hz bins go, 62.5 stays
+    full = torch.ones(2, 257)
+    cut = bench.parse_filter("limit=30+lowcut=60")(full, full)
+    assert cut[:, :2].abs().max() == 0 and torch.equal(cut[:, 2:], full[:, 2:])
+    assert int((bench.parse_filter("lowcut=100")(full, full)[0] == 0).sum()) == 4  # 0, 31.25, 62.5, 93.75 Hz
     for bad in (
+        "lowcut=0",
         "limit",
         "limit=x",
         "nope=1",
