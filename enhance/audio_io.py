@@ -378,7 +378,7 @@ def output_format(path: str | os.PathLike[str]) -> tuple[str, str | None]:
     fmt = aliases.get(fmt, fmt)
     if fmt not in sf.available_formats() or fmt == "RAW":
         raise AudioError(
-            f"{path}: cannot write '{suffix or '(no extension)'}' files; use .wav, .flac, .ogg, .mp3, .aiff "
+            f"{path}: cannot write '{suffix or '(no extension)'}' files; use .wav, .flac, .ogg, .opus, .mp3, .aiff "
             "(or --format)"
         )
     return fmt, "OPUS" if suffix.lower() == ".opus" else None

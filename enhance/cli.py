@@ -498,12 +498,18 @@ def inputs_overwritten(targets: list[tuple[str, str]]) -> str | None:
     --overwrite`` replaced the second input with the first one's result. (An output that is its own input is
     refused per file, by enhance_file.)"""
     ids = {_file_id(src): src for src, _ in targets if src != "-" and os.path.isfile(src)}
+    names = {os.path.realpath(src): src for src, _ in targets if src != "-"}
     for src, dst in targets:
-        if dst == "-" or not os.path.isfile(dst):
+        if dst == "-":
             continue
-        other = ids.get(_file_id(dst))
-        if other is not None and _file_id(other) != _file_id(src):
-            return f"{dst}: the output of {src} would overwrite another input ({other})"
+        if os.path.isfile(dst):
+            other = ids.get(_file_id(dst))
+            if other is not None and _file_id(other) != _file_id(src):
+                return f"{dst}: the output of {src} would overwrite another input ({other})"
+        else:  # not there yet: written first, it would then be read as that input
+            other = names.get(os.path.realpath(dst))
+            if other is not None and os.path.realpath(other) != os.path.realpath(src):
+                return f"{dst}: the output of {src} is also given as an input ({other})"
     return None
 
 
@@ -559,7 +565,9 @@ def _run_all(
             result = run_one(ck, src, dst, args, progress, backend, map_path)
             say(f"{src} -> {dst} ({result.duration_s:.1f} s audio in {result.wall_seconds:.1f} s)")
         except Exception as exc:  # one file's failure never stops the batch, and never shows a traceback
-            if isinstance(exc, AudioError):
+            if isinstance(exc, BrokenPipeError) and dst == "-":
+                msg = f"{src}: stdout was closed before all of the enhanced audio was written"
+            elif isinstance(exc, AudioError):
                 msg = str(exc)
             elif isinstance(exc, OSError | ValueError):
                 msg = f"{src}: {exc}"
@@ -607,6 +615,17 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("-o - takes a single file, not a folder or a glob")
     if as_dir and args.output and os.path.exists(args.output) and not os.path.isdir(args.output):
         parser.error(f"-o {args.output}: is a file, but several inputs (or a folder or glob) need a folder")
+    if (
+        as_dir
+        and args.output not in (None, "-")
+        and not args.output.endswith(("/", os.sep))
+        and not os.path.exists(args.output)
+        and Path(args.output).suffix.lower() in AUDIO_SUFFIXES
+    ):  # a typo, not a wish for a folder named "one.wav"
+        parser.error(
+            f"-o {args.output}: several inputs (or a folder or glob) need a folder, and this is an audio file "
+            f"name; give a folder (end it with '/' to make a folder of this name)"
+        )
     if args.stream and "-" in args.inputs and args.output != "-":
         parser.error("--stream - reads raw PCM from stdin and writes it to stdout: use -o -")
     if args.subtype and args.subtype.upper() not in sf.available_subtypes():
@@ -652,7 +671,7 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     pipe = {"--pcm": args.pcm, "--rate": args.rate, "--channels": args.channels}
     if not (args.stream and "-" in args.inputs) and any(v is not None for v in pipe.values()):
         given = ", ".join(k for k, v in pipe.items() if v is not None)
-        parser.error(f"{given} describe(s) the raw PCM pipe: they need --stream - -o -")
+        parser.error(f"{given}: only for the raw PCM pipe (--stream - -o -)")
     args.pcm, args.rate, args.channels = args.pcm or "s16le", args.rate or 16000, args.channels or 1
     if args.format and args.format.upper() not in sf.available_formats():
         parser.error(
