@@ -18,6 +18,9 @@ Exit status: 0 when every file was enhanced, 1 when any file failed (the others 
 
 from __future__ import annotations
 
+import enhance.wait_policy  # noqa: F401  (first: OpenMP reads its waiting policy when torch loads it)
+
+# isort: split
 import argparse
 import functools
 import glob

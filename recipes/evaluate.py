@@ -12,6 +12,9 @@ both (so the rows cover the same files), ``n_files`` (files scored) and ``n_fail
 
 from __future__ import annotations
 
+import enhance.wait_policy  # noqa: F401  (first: OpenMP reads its waiting policy when torch loads it)
+
+# isort: split
 import argparse
 import csv
 import io

@@ -8,6 +8,9 @@ ENHANCE_API_KEY=secret enhance-server --host 0.0.0.0              # require X-AP
 
 from __future__ import annotations
 
+import enhance.wait_policy  # noqa: F401  (first: OpenMP reads its waiting policy when torch loads it)
+
+# isort: split
 import argparse
 import logging
 import os

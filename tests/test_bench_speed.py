@@ -153,3 +153,23 @@ def test_bench_step_floor_fills_every_row(tiny: Path, tmp_path: Path) -> None:
     ] * 2
     for row in rows:
         assert row[1] in ("1", "2") and all(number(cell) for cell in row[2:4] + row[5:]), row
+
+
+def test_bench_wait_policy_fills_every_row(tiny: Path, tmp_path: Path) -> None:
+    out = tmp_path / "wait.md"
+    args = ("--checkpoint", str(tiny), "--seconds", "2", "--repeats", "1", "--out", str(out))
+    done = bench("bench_wait_policy.py", *args)
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    assert recorded("bench_wait_policy.py", *args) in text
+    rows = table(text, "machine")
+    cores = os.cpu_count()
+    assert [(r[0], r[1]) for r in rows] == [
+        ("idle", "default"),
+        ("idle", "1"),
+        (f"{cores} busy processes", "default"),
+        (f"{cores} busy processes", "1"),
+    ]
+    for row in rows:
+        default, passive, ratio = (number(c) for c in row[2:])
+        assert ratio == pytest.approx(passive / default, abs=0.006), row

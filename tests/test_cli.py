@@ -997,3 +997,22 @@ def test_special_outputs_are_written_in_place(tmp_path: Path, ckpt: str) -> None
     assert proc.returncode == 0, proc.stderr.decode()
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert sf.info(io.BytesIO(got[0])).format == "FLAC"  # the name's format
+
+
+@pytest.mark.parametrize("module", ["enhance.cli", "server.main", "recipes.evaluate"])
+def test_commands_set_a_passive_openmp_wait_policy_before_torch_loads(module: str) -> None:
+    """OpenMP reads OMP_WAIT_POLICY once, when torch loads it: each command module sets PASSIVE (unless the user
+    set a policy) before anything imports torch (bench/bench_wait_policy.py: 3.8x faster beside busy processes).
+    The import log (-X importtime, in import order) shows the setting module first."""
+    code = f"import os, {module}; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in ENV.items() if k != "OMP_WAIT_POLICY"}
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and proc.stdout == "PASSIVE\n", proc.stdout + proc.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line]
+    assert imported.index("enhance.wait_policy") < imported.index("torch"), imported[:40]
+    user = subprocess.run(
+        [sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"}, capture_output=True, text=True
+    )
+    assert user.stdout == "ACTIVE\n", user.stderr  # a policy the user set is kept
