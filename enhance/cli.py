@@ -639,6 +639,8 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(str(exc))
     if sys.stdout is None and any(dst == "-" for _, dst in targets):  # started with stdout closed (>&-)
         parser.error("stdout is closed: give -o a file name")
+    if any(dst == "-" for _, dst in targets) and sys.stdout is not None and sys.stdout.isatty():
+        parser.error("-o - would write binary audio to the terminal: pipe or redirect it (| or >)")
     overwritten = inputs_overwritten(targets) or unwritable(targets, args.output, args.format, args.subtype)
     if overwritten:
         parser.error(overwritten)

@@ -1016,3 +1016,31 @@ def test_commands_set_a_passive_openmp_wait_policy_before_torch_loads(module: st
         [sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"}, capture_output=True, text=True
     )
     assert user.stdout == "ACTIVE\n", user.stderr  # a policy the user set is kept
+
+
+def test_audio_to_a_terminal_is_refused(tmp_path: Path, ckpt: str) -> None:
+    """``-o -`` with stdout on a terminal (here a pseudo-terminal) would print binary audio: a usage error, and
+    nothing written to the terminal."""
+    import pty
+
+    src = tmp_path / "a.wav"
+    sf.write(src, noisy(0.3, 16000), 16000)
+    primary, secondary = pty.openpty()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "enhance.cli", str(src), "-o", "-", "--checkpoint", ckpt],
+            env=ENV,
+            stdout=secondary,
+            stderr=subprocess.PIPE,
+            timeout=120,
+        )
+        os.set_blocking(primary, False)
+        try:
+            shown = os.read(primary, 1 << 16)
+        except BlockingIOError:
+            shown = b""
+    finally:
+        os.close(primary)
+        os.close(secondary)
+    assert proc.returncode == 2, proc.stderr
+    assert b"would write binary audio to the terminal" in proc.stderr and shown == b"", (proc.stderr, shown)
