@@ -47,9 +47,15 @@ def make_file(path: Path, seconds: float, rate: int = 16000) -> None:
             left -= n
 
 
-def run_cli(args: list[str], threads: int) -> tuple[dict, float, int]:
-    """Run enhance-cli; returns (its --json summary, wall seconds, peak RSS of the child in bytes)."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
+def run_cli(
+    args: list[str], threads: int | None, env_extra: dict[str, str] | None = None
+) -> tuple[dict, float, int]:
+    """Run enhance-cli; returns (its --json summary, wall seconds, peak RSS of the child in bytes). ``threads``
+    None: the CLI's default (PyTorch's choice; OMP_NUM_THREADS left out). ``env_extra``: more environment."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env.update(PYTHONPATH=str(ROOT), **(env_extra or {}))
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
     proc = subprocess.run(
@@ -61,8 +67,7 @@ def run_cli(args: list[str], threads: int) -> tuple[dict, float, int]:
             "--json",
             "--quiet",
             "--overwrite",
-            "--threads",
-            str(threads),
+            *(["--threads", str(threads)] if threads is not None else []),
         ],
         capture_output=True,
         text=True,

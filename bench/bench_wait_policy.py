@@ -15,7 +15,6 @@ value, which the runtime ignores and the commands keep. Prints a Markdown table 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -23,22 +22,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_offline import make_file
+from bench_offline import ROOT, make_file, run_cli
 from machine import command_line, cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
 
-ROOT = Path(__file__).resolve().parents[1]
-POLICIES = {"OpenMP's default": "", "PASSIVE": "PASSIVE"}
+sys.path.insert(0, str(ROOT))
+from recipes.run_folder import write_text  # (after the path: the repository root, when run as a script)
 
-
-def rtf(src: Path, dst: Path, model_args: list[str], policy: str, threads: int | None) -> float:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    env.update(OMP_WAIT_POLICY=policy, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "enhance.cli", str(src), "-o", str(dst), *model_args]
-    cmd += ["--json", "--quiet", "--overwrite", *(["--threads", str(threads)] if threads else [])]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr)
-    return float(json.loads(proc.stdout)["files"][0]["real_time_factor"])
+# OMP_WAIT_POLICY per column: an empty value is ignored by the runtime (its own default) and kept by the commands
+DEFAULT, PASSIVE = "", "PASSIVE"
 
 
 def main() -> int:
@@ -62,15 +53,18 @@ def main() -> int:
                 hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
             try:
                 for threads in (None, 1):
-                    times: dict[str, list[float]] = {name: [] for name in POLICIES}
+                    times: dict[str, list[float]] = {DEFAULT: [], PASSIVE: []}
                     for _ in range(max(1, args.repeats)):
-                        for name, policy in POLICIES.items():
-                            times[name].append(rtf(src, dst, model_args, policy, threads))
-                    med = {name: statistics.median(ts) for name, ts in times.items()}
+                        for policy, runs in times.items():
+                            summary, _, _ = run_cli(
+                                [str(src), "-o", str(dst), *model_args], threads, {"OMP_WAIT_POLICY": policy}
+                            )
+                            runs.append(float(summary["files"][0]["real_time_factor"]))
+                    default, passive = (statistics.median(times[p]) for p in (DEFAULT, PASSIVE))
+                    machine = "idle" if load == "idle" else f"{cores} busy processes"
                     rows.append(
-                        f"| {'idle' if load == 'idle' else f'{cores} busy processes'} "
-                        f"| {threads or 'default'} | {med[next(iter(POLICIES))]:.4f} | {med['PASSIVE']:.4f} "
-                        f"| {med['PASSIVE'] / med[next(iter(POLICIES))]:.2f} |"
+                        f"| {machine} | {threads or 'default'} | {default:.4f} | {passive:.4f} "
+                        f"| {passive / default:.2f} |"
                     )
             except RuntimeError as exc:
                 print(f"error: {str(exc).strip()}", file=sys.stderr)
@@ -89,9 +83,7 @@ def main() -> int:
     )
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_name(f".{args.out.name}.tmp")
-    tmp_out.write_text(text)
-    os.replace(tmp_out, args.out)
+    write_text(args.out, text)
     return 0
 
 

@@ -26,9 +26,14 @@ def bench(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
-def recorded(script: str, *args: str) -> str:
-    """The command line a results file must record: every flag the run was given (its table can be made again)."""
-    return f"Command: `{shlex.join(['python', f'bench/{script}', *args])}`"
+def ran(script: str, *args: str) -> str:
+    """Run ``script`` with ``args`` (which name its ``--out`` file); it must succeed and its file record the
+    command line in full (every flag given: the table can be made again). Returns the file's text."""
+    done = bench(script, *args)
+    assert done.returncode == 0, done.stderr
+    text = Path(args[args.index("--out") + 1]).read_text()
+    assert f"Command: `{shlex.join(['python', f'bench/{script}', *args])}`" in text
+    return text
 
 
 def table(text: str, first_column: str) -> list[list[str]]:
@@ -58,10 +63,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_bench_streaming_fills_every_row(tiny: Path, tmp_path: Path) -> None:
     out = tmp_path / "streaming.md"
     args = ("--checkpoint", str(tiny), "--seconds", "1", "--rounds", "1", "--out", str(out))
-    done = bench("bench_streaming.py", *args)
-    assert done.returncode == 0, done.stderr
-    assert recorded("bench_streaming.py", *args) in out.read_text()
-    rows = table(out.read_text(), "system")
+    rows = table(ran("bench_streaming.py", *args), "system")
     ours = [r for r in rows if r[0].startswith("tim-enhance")]
     assert [r[0] for r in ours] == [
         "tim-enhance (PyTorch)",
@@ -99,10 +101,7 @@ def test_bench_streaming_refuses_a_model_that_does_not_load(tmp_path: Path) -> N
 def test_bench_offline_fills_every_row(tiny: Path, tmp_path: Path) -> None:
     out = tmp_path / "offline.md"
     args = ("--checkpoint", str(tiny), "--minutes", "0.05", "--repeats", "1", "--out", str(out))
-    done = bench("bench_offline.py", *args)
-    assert done.returncode == 0, done.stderr
-    assert recorded("bench_offline.py", *args) in out.read_text()
-    rows = table(out.read_text(), "case")
+    rows = table(ran("bench_offline.py", *args), "case")
     assert [r[0] for r in rows] == [
         "0.05-min file, 1 thread",
         "60-s file, 1 thread(s)",
@@ -118,10 +117,7 @@ def test_bench_chunk_sizes_fills_every_row(tiny: Path, tmp_path: Path) -> None:
     out = tmp_path / "chunks.md"
     backends = "pytorch,torchscript,native"
     args = ("--checkpoint", str(tiny), "--seconds", "1", "--rounds", "1", "--backends", backends)
-    done = bench("bench_chunk_sizes.py", *args, "--out", str(out))
-    assert done.returncode == 0, done.stderr
-    text = out.read_text()
-    assert recorded("bench_chunk_sizes.py", *args, "--out", str(out)) in text
+    text = ran("bench_chunk_sizes.py", *args, "--out", str(out))
     assert "| chunk (samples) | chunk (ms) | RTF pytorch | RTF torchscript | RTF native |" in text
     rows = table(text, "chunk (samples)")
     assert [(r[0], r[1]) for r in rows] == [
@@ -140,10 +136,7 @@ def test_bench_chunk_sizes_fills_every_row(tiny: Path, tmp_path: Path) -> None:
 def test_bench_step_floor_fills_every_row(tiny: Path, tmp_path: Path) -> None:
     out = tmp_path / "floor.md"
     args = ("--checkpoint", str(tiny), "--calls", "5", "--out", str(out))
-    done = bench("bench_step_floor.py", *args)
-    assert done.returncode == 0, done.stderr
-    text = out.read_text()
-    assert recorded("bench_step_floor.py", *args) in text
+    text = ran("bench_step_floor.py", *args)
     counts = set(re.findall(r"\((\d+) products\)", text))
     assert len(counts) == 1, counts  # every per-product row counts the same matrices ...
     assert f"x the {counts.pop()}-product float32 row" in text  # ... and the ratio column names that count
@@ -158,10 +151,7 @@ def test_bench_step_floor_fills_every_row(tiny: Path, tmp_path: Path) -> None:
 def test_bench_wait_policy_fills_every_row(tiny: Path, tmp_path: Path) -> None:
     out = tmp_path / "wait.md"
     args = ("--checkpoint", str(tiny), "--seconds", "2", "--repeats", "1", "--out", str(out))
-    done = bench("bench_wait_policy.py", *args)
-    assert done.returncode == 0, done.stderr
-    text = out.read_text()
-    assert recorded("bench_wait_policy.py", *args) in text
+    text = ran("bench_wait_policy.py", *args)
     rows = table(text, "machine")
     cores = os.cpu_count()
     assert [(r[0], r[1]) for r in rows] == [
