@@ -1002,7 +1002,7 @@ def test_special_outputs_are_written_in_place(tmp_path: Path, ckpt: str) -> None
 @pytest.mark.parametrize("module", ["enhance.cli", "server.main", "recipes.evaluate"])
 def test_commands_set_a_passive_openmp_wait_policy_before_torch_loads(module: str) -> None:
     """OpenMP reads OMP_WAIT_POLICY once, when torch loads it: each command module sets PASSIVE (unless the user
-    set a policy) before anything imports torch (bench/bench_wait_policy.py: 3.8x faster beside busy processes).
+    set a policy) before anything imports torch (bench/bench_wait_policy.py times it beside busy processes).
     The import log (-X importtime, in import order) shows the setting module first."""
     code = f"import os, {module}; print(os.environ['OMP_WAIT_POLICY'])"
     env = {k: v for k, v in ENV.items() if k != "OMP_WAIT_POLICY"}
