@@ -40,8 +40,8 @@ from enhance.audio_io import AUDIO_SUFFIXES, AudioError, fs_path, nearest_existi
 from enhance.backends import BACKENDS, streaming_backend
 from enhance.files import FileResult, enhance_bytes, enhance_file, new_output
 from enhance.pipe import stream_pcm
-from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint
-from models.pretrained import DEFAULT_MODEL, load_pretrained
+from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint, read_metadata
+from models.pretrained import DEFAULT_MODEL, load_pretrained, pretrained_path
 
 
 def _version() -> str:
@@ -60,6 +60,15 @@ def attenuation_db(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be at least 0 dB (or inf for no limit), got {text}")
     return value
+
+
+def bundled_limit_text() -> str:
+    """The bundled default's attenuation limit for ``--help``, read from its checkpoint's metadata (no weights)."""
+    try:
+        limit = read_metadata(pretrained_path()).get("config", {}).get("max_attenuation_db")
+    except CheckpointError:
+        return ""
+    return f", {limit:g} dB for the bundled '{DEFAULT_MODEL}'" if limit is not None else ""
 
 
 MAX_CHUNK_SECONDS = 3600.0
@@ -123,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-attenuation-db",
         type=attenuation_db,
         metavar="DB",
-        help="never attenuate more than DB dB (default: the model's own setting; 'inf' = no limit)",
+        help=f"never attenuate more than DB dB (default: the model's own setting{bundled_limit_text()}; "
+        "'inf' = no limit)",
     )
     p.add_argument(
         "--high-band",

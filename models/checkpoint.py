@@ -127,6 +127,11 @@ def load_state_strict(model: torch.nn.Module, tensors: dict[str, torch.Tensor], 
             f"shape mismatch for '{k}': checkpoint {tuple(tensors[k].shape)} vs model {tuple(expected[k].shape)}"
             + (f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else "")
         )
+    # float16/bfloat16 weights are cast on loading; integer or boolean ones would be garbage, not weights
+    kinds = sorted(k for k in set(expected) & set(tensors) if expected[k].dtype != tensors[k].dtype)
+    not_float = [k for k in kinds if expected[k].is_floating_point() and not tensors[k].is_floating_point()]
+    if not_float:
+        problems.append(f"non-float weights in {_few(not_float)} ({str(tensors[not_float[0]].dtype)[6:]})")
     if problems:
         raise CheckpointError(f"{where}: weights do not match the model: " + "; ".join(problems))
     bad = sorted(k for k, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))

@@ -45,6 +45,14 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def file_section(name: str, digest: str) -> str:
+    """The card's last section: which file it describes, by content (the card and the file travel separately)."""
+    return (
+        f"\n## File\n\n`models/pretrained/{name}.safetensors`, SHA-256 `{digest}` "
+        f"(`sha256sum models/pretrained/{name}.safetensors`).\n"
+    )
+
+
 def example_metrics(model: Any) -> dict[str, dict[str, float]]:
     """PESQ/STOI/SI-SDR of the committed example clip, noisy and enhanced (as the golden test computes them)."""
     noisy, _ = sf.read(EXAMPLE_NOISY, dtype="float32")
@@ -462,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     staged = target.with_name(f".{target.stem}.staged.safetensors")
     try:
         save_checkpoint(staged, ck.model, ck.name, training)
+        card += file_section(args.name, sha256(staged))
         golden = None
         if args.name == DEFAULT_MODEL:  # the numbers of the file as saved, read back
             golden = {"model_sha256": sha256(staged), **example_metrics(load_checkpoint(staged).model)}

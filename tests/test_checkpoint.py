@@ -178,6 +178,22 @@ def test_nan_weights_are_refused_naming_the_key(tmp_path: Path) -> None:
         load_checkpoint(path)
 
 
+def test_integer_weights_are_refused_half_precision_ones_cast(tmp_path: Path) -> None:
+    """An integer tensor was cast to float on loading without a word; float16 weights are a saved-in-half model."""
+    torch.manual_seed(0)
+    model = Enhancer(get_config("tiny"))
+    weights = model.state_dict()
+    ints = {**weights, "head.bias": weights["head.bias"].round().to(torch.int32)}
+    _forge(tmp_path / "int.safetensors", "tiny", ints)
+    with pytest.raises(CheckpointError, match=r"non-float weights in 'head\.bias' \(int32\)"):
+        load_checkpoint(tmp_path / "int.safetensors")
+    half = {k: v.half() if v.is_floating_point() else v for k, v in weights.items()}
+    _forge(tmp_path / "half.safetensors", "tiny", half)
+    loaded = load_checkpoint(tmp_path / "half.safetensors").model.state_dict()
+    for k, v in half.items():
+        assert loaded[k].dtype == weights[k].dtype and torch.equal(loaded[k], v.to(weights[k].dtype)), k
+
+
 def _forge_config(path: Path, edit: dict[str, object]) -> None:
     """A tiny checkpoint whose stored config has top-level or one-level-deep fields replaced ("a.b": value)."""
     torch.manual_seed(0)

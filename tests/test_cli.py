@@ -19,6 +19,7 @@ import torch
 from enhance.audio_io import load_audio
 from enhance.offline import enhance_audio
 from models import Enhancer, get_config, load_checkpoint, save_checkpoint
+from models.pretrained import load_pretrained
 from tests.conftest import ROOT, speech_like
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -320,6 +321,8 @@ def test_json_quiet_version_help(tmp_path: Path, ckpt: str) -> None:
     assert cli("--version").stdout.decode().startswith("enhance-cli ")
     help_text = cli("--help").stdout.decode()
     assert "Examples:" in help_text and "--competition-map" in help_text
+    limit = load_pretrained().model.cfg.max_attenuation_db  # the help names the bundled model's real limit
+    assert f"own setting, {limit:g} dB for the bundled 'default'" in " ".join(help_text.split())
 
 
 def test_usage_errors_exit_2(tmp_path: Path, ckpt: str) -> None:

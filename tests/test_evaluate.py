@@ -190,6 +190,8 @@ def test_evaluate_command_end_to_end(tmp_path: Path) -> None:
         str(data),
         "--out",
         str(out),
+        "--threads",
+        "1",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -224,6 +226,7 @@ def test_evaluate_command_end_to_end(tmp_path: Path) -> None:
     js = json.loads((out / "summary.json").read_text())
     assert list(js["summary"]) == ["noisy", "enhanced"]
     assert js["n_pairs"] == js["n_evaluated"] == 3 and js["skipped"] == [] and js["dnsmos"] is True
+    assert js["torch_threads"] == 1  # --threads took effect
 
     md = (out / "summary.md").read_text()
     assert md.splitlines()[0] == "| " + " | ".join(SUMMARY_COLUMNS) + " |"
@@ -291,6 +294,9 @@ def test_main_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[st
         main(["--pairs", str(data), "--out", str(tmp_path / "o")])  # neither --checkpoint nor --model-config
     assert exit_.value.code == 2
     assert "error: one of the arguments --checkpoint --model-config is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--model-config", "tiny", "--pairs", str(data), "--out", str(tmp_path / "o"), "--threads", "0"])
+    assert "--threads: must be at least 1, got 0" in capsys.readouterr().err
     (tmp_path / "a-file").write_text("x")  # found before the evaluation runs, not after it
     assert main(["--model-config", "tiny", "--pairs", str(data), "--out", str(tmp_path / "a-file")]) == 2
     assert "exists and is not a folder" in capsys.readouterr().err

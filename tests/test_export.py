@@ -293,3 +293,6 @@ def test_export_writes_nothing_until_everything_it_needs_is_there(
     shipped = bundled / "scratch.safetensors"
     assert same_weights(run / "ep9.safetensors", shipped)
     assert not same_weights(run / "best.safetensors", shipped)
+    assert card.endswith(
+        f"SHA-256 `{export.sha256(shipped)}` (`sha256sum models/pretrained/scratch.safetensors`).\n"
+    )

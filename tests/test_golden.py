@@ -30,6 +30,8 @@ def golden() -> dict:
 
 def test_golden_targets_belong_to_the_bundled_model(golden: dict) -> None:
     assert golden["model_sha256"] == sha256(pretrained_path()), "bundled model changed: re-run recipes.export"
+    card = pretrained_path().with_suffix(".md").read_text()  # the model card describes this very file
+    assert f"SHA-256 `{golden['model_sha256']}`" in card
 
 
 def test_cli_on_example_meets_stored_targets(tmp_path: Path, golden: dict) -> None:
