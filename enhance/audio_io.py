@@ -28,6 +28,7 @@ MODEL_RATE = 16000
 OPUS_RATES = frozenset({8000, 12000, 16000, 24000, 48000})
 VORBIS_MAX_RATE = 200_000  # libsndfile 1.2's Vorbis encoder crashes the process (SIGSEGV) above this
 FLAC_MAX_RATE = 655_350  # the format's limit: libsndfile refuses to open a FLAC output above it
+MP3_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)  # MPEG-1, -2 and -2.5 Layer III
 MAX_FLOAT_SAMPLE = 1000.0  # float samples beyond this are not audio (the STFT of 3e38 overflows to NaN)
 # file name suffixes treated as audio when scanning folders (CLI inputs, corpora, test sets)
 AUDIO_SUFFIXES = frozenset(
@@ -325,7 +326,14 @@ def codec_rate_error(fmt: str, subtype: str | None, rate: int) -> str | None:
         return f"Ogg Vorbis takes audio up to {VORBIS_MAX_RATE // 1000} kHz and this is {rate} Hz"
     if fmt == "FLAC" and rate > FLAC_MAX_RATE:
         return f"FLAC takes audio up to {FLAC_MAX_RATE} Hz and this is {rate} Hz"
+    if fmt == "MP3" and rate not in MP3_RATES:
+        return f"MP3 takes 8, 11.025, 12, 16, 22.05, 24, 32, 44.1 or 48 kHz audio and this is {rate} Hz"
     return None
+
+
+def rate_fallback(fmt: str, rate: int) -> str:
+    """The containers to suggest when ``fmt`` cannot hold audio at ``rate`` (after :func:`codec_rate_error`)."""
+    return ".wav" if fmt == "FLAC" or rate > FLAC_MAX_RATE else ".flac or .wav"
 
 
 def _check_rate(fmt: str, subtype: str | None, rate: int) -> None:

@@ -37,7 +37,8 @@ import soundfile as sf
 import torch
 
 from enhance.audio_io import AUDIO_SUFFIXES, AudioError, fs_path, nearest_existing, output_format
-from enhance.backends import BACKENDS, streaming_backend
+from enhance.backends import BACKENDS, REDUCED_PRECISION, streaming_backend
+from enhance.device import usable_device
 from enhance.files import FileResult, enhance_bytes, enhance_file, new_output
 from enhance.pipe import stream_pcm
 from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint, read_metadata
@@ -53,10 +54,21 @@ def _version() -> str:
         return "unknown"
 
 
+def _number(text: str, kind: type[int] | type[float]) -> Any:
+    """``kind(text)``, or a usage error that says what was expected (argparse's own named the type function:
+    "invalid _seconds value")."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected {'a whole number' if kind is int else 'a number'}, got {text!r}"
+        ) from None
+
+
 def attenuation_db(text: str) -> float:
     """``--max-attenuation-db`` (enhance-cli, recipes.evaluate): a number of dB >= 0, or inf (checked as
     :meth:`models.Enhancer.set_max_attenuation` will check it)."""
-    value = float(text)
+    value = _number(text, float)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be at least 0 dB (or inf for no limit), got {text}")
     return value
@@ -76,7 +88,7 @@ MAX_CHUNK_SECONDS = 3600.0
 
 def _seconds(text: str) -> float:
     """``--chunk-seconds``: a positive number of seconds, at most an hour (1e306 overflowed the block size)."""
-    value = float(text)
+    value = _number(text, float)
     if not 0 < value <= MAX_CHUNK_SECONDS:
         raise argparse.ArgumentTypeError(
             f"must be a number of seconds above 0 and at most {MAX_CHUNK_SECONDS:g}, got {text}"
@@ -86,7 +98,7 @@ def _seconds(text: str) -> float:
 
 def _ranged(lo: int, hi: int) -> Any:
     def check(text: str) -> int:
-        value = int(text)
+        value = _number(text, int)
         if not lo <= value <= hi:
             raise argparse.ArgumentTypeError(f"must be from {lo} to {hi}, got {text}")
         return value
@@ -113,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default: %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="replace existing outputs (never the input)")
     p.add_argument(
-        "--format", help="output container, e.g. WAV, FLAC, OGG (default: the input's / the extension's)"
+        "--format",
+        help="output container, e.g. WAV, FLAC, OGG, OPUS (Opus in Ogg) (default: the input's / the extension's)",
     )
     p.add_argument(
         "--subtype", help="output sample format, e.g. PCM_16, PCM_24, FLOAT (default: the input's)"
@@ -132,8 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-attenuation-db",
         type=attenuation_db,
         metavar="DB",
-        help=f"never attenuate more than DB dB (default: the model's own setting{bundled_limit_text()}; "
-        "'inf' = no limit)",
+        help="never attenuate a bin more than DB dB below the input (a floor on cuts, not a bypass: at 0 the model "
+        f"can still raise bins; default: the model's own setting{bundled_limit_text()}; 'inf' = no limit)",
     )
     p.add_argument(
         "--high-band",
@@ -155,9 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=BACKENDS,
         help="what runs the model's 16 ms steps (with --stream): auto (the default) = native, the step in C, where "
         "a C compiler is (compiled once, cached; about 2x faster than torchscript per 16 ms hop), else torchscript on "
-        "a CPU, else pytorch; onnxruntime needs the 'onnx' extra. Same samples, but for native-fp16, native-int8 and "
-        "onnxruntime-int8 (reduced weights: faster; about 81, 47 and 32 dB from the float output, medians over the "
-        "dev pairs)",
+        "a CPU, else pytorch; onnxruntime needs the 'onnx' extra. Same samples, but for "
+        f"{REDUCED_PRECISION} (medians over the dev pairs)",
     )
     s.add_argument("--pcm", choices=["s16le", "f32le"], help="raw pipe sample format (default s16le)")
     s.add_argument(
@@ -269,8 +281,11 @@ def output_for(src: str, rel: str | None, output: str | None, as_dir: bool, fmt:
     if output is None:
         if src == "-":
             return "-"
-        if _special(src):  # /dev/fd/63.enhanced.wav is no place to write
-            raise AudioError(f"{src}: a pipe has no folder to write beside: give -o a file name (or -)")
+        # /dev/fd/63.enhanced.wav is no place to write, nor /dev/stdin.enhanced.wav when stdin is a redirected file
+        if _special(src) or _special_output(src):
+            raise AudioError(
+                f"{src}: a pipe or device has no folder to write beside: give -o a file name (or -)"
+            )
         p = Path(src)
         return str(p.with_name(f"{p.stem}.enhanced{derived_suffix(src, fmt)}"))
     if not (as_dir or output.endswith(("/", os.sep)) or os.path.isdir(output)):
@@ -688,6 +703,8 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         given = ", ".join(k for k, v in pipe.items() if v is not None)
         parser.error(f"{given}: only for the raw PCM pipe (--stream - -o -)")
     args.pcm, args.rate, args.channels = args.pcm or "s16le", args.rate or 16000, args.channels or 1
+    if args.format and args.format.upper() == "OPUS":  # as `-o x.opus` names it: Opus in an Ogg container
+        args.format, args.subtype = "OGG", args.subtype or "OPUS"
     if args.format and args.format.upper() not in sf.available_formats():
         parser.error(
             f"--format {args.format}: not a format this build can write ({', '.join(sf.available_formats())})"
@@ -697,11 +714,10 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             parser.error("--threads must be >= 1")
         torch.set_num_threads(args.threads)
     try:
-        device = torch.device(args.device)
-        if device.type not in ("cpu", "cuda", "mps"):
-            parser.error(f"--device {args.device}: use cpu, cuda or cuda:N (or mps)")
-        if device.type == "cuda" and not torch.cuda.is_available():
-            parser.error(f"--device {args.device}: no CUDA device here (this PyTorch: {torch.__version__})")
+        usable_device(args.device)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
         ck = load_model(args)
         # built once for all inputs, after load_model (the traced step bakes in the attenuation limit)
         backend = (

@@ -33,6 +33,7 @@ from enhance.audio_io import (
     codec_rate_error,
     fs_path,
     output_format,
+    rate_fallback,
     read_blocks,
     read_info,
     sample_value_error,
@@ -143,7 +144,7 @@ def enhance_stream(
         problem = codec_rate_error(fmt, subtype, rate)
         if problem:
             raise AudioError(
-                f"{name}: {problem} (outputs keep the input's rate): write .flac or .wav instead"
+                f"{name}: {problem} (outputs keep the input's rate): write {rate_fallback(fmt, rate)} instead"
             )
         clip = subtype is None or subtype not in ("FLOAT", "DOUBLE")
         engine = StreamingEnhancer(model, channels, with_competition, backend=backend)

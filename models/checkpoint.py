@@ -74,6 +74,10 @@ def save_checkpoint(
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Name, config, training and versions of a checkpoint, without building the model."""
     p = Path(path)
+    if p.is_dir():  # a run folder, most likely: it said "no such checkpoint file"
+        found = sorted(c.name for c in p.glob("*.safetensors"))[:3]
+        hint = f" (it holds {', '.join(found)})" if found else ""
+        raise CheckpointError(f"{p}: a folder, not a checkpoint file{hint}")
     if not p.is_file():
         raise CheckpointError(f"{p}: no such checkpoint file")
     try:

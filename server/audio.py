@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import math
 import re
+import unicodedata
+import urllib.parse
 
 import numpy as np
 import soundfile as sf
@@ -110,6 +112,19 @@ def file_rms_dbfs(data: bytes, block_frames: int = 1 << 16) -> float | None:
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def download_disposition(filename: str | None, stem: str, suffix: str) -> str:
+    """``Content-Disposition`` for a download named ``stem + suffix`` (``stem``: :func:`safe_stem`), with the
+    client's own name, non-ASCII letters and spaces kept, as RFC 6266's ``filename*`` where it differs ("ünï
+    köö.flac" came back as "n_k.enhanced.wav" only)."""
+    header = f'attachment; filename="{stem}{suffix}"'
+    base = re.split(r"[\\/]", filename or "")[-1]
+    full = base.rsplit(".", 1)[0] if "." in base.strip(".") else base
+    full = "".join(c for c in full if unicodedata.category(c)[0] != "C").strip(" .")[:80]  # no control chars
+    if full and full != stem:
+        header += f"; filename*=UTF-8''{urllib.parse.quote(full + suffix, safe='')}"
+    return header
 
 
 def safe_stem(filename: str | None, default: str = "audio") -> str:

@@ -16,13 +16,22 @@ import logging
 import os
 import sys
 
-from enhance.backends import BACKENDS
+from enhance.backends import BACKENDS, REDUCED_PRECISION
+from enhance.device import usable_device
 from models import CheckpointError
 from server.config import MB, ServerConfig
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     pass
+
+
+def port_number(text: str) -> int:
+    """``--port``: 0-65535 (uvicorn raised OverflowError from bind() with a traceback)."""
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0-65535, got {text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__,
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all interfaces)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port_number, default=8000, help="TCP port (0: any free one)")
     p.add_argument(
         "--model",
         action="append",
@@ -79,8 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=BACKENDS,
         default="auto",
         help="what runs WebSocket streams' 16 ms steps (auto: native, the step in C, where a C compiler is (or a "
-        "build is cached), else torchscript on a CPU, else pytorch; native-fp16 / native-int8 / onnxruntime-int8: "
-        "reduced weights, faster, about 73 / 37-46 / 36 dB from the float output)",
+        f"build is cached), else torchscript on a CPU, else pytorch; {REDUCED_PRECISION})",
     )
     p.add_argument(
         "--stream-idle-timeout",
@@ -153,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"enhance-server: {exc}; install the extra: pip install 'tim-enhance[serve]'", file=sys.stderr)
         return 2
     try:
+        usable_device(config.device)
         check_config(config)  # fail now, not in the background, for a missing model or file
-    except CheckpointError as exc:
+    except (CheckpointError, ValueError) as exc:
         print(f"enhance-server: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from enhance.audio_io import AudioInfo
-from server.audio import OUTPUT_FORMATS, negotiate_audio_format, safe_stem
+from server.audio import OUTPUT_FORMATS, download_disposition, negotiate_audio_format, safe_stem
 from server.auth import require_api_key
 from server.jobs import Job
 from server.metrics import CONTENT_TYPE
@@ -196,7 +196,7 @@ async def enhance(
             "X-Model": lm.name,
             "X-Sample-Rate": str(result.sample_rate),
             "X-Channels": str(result.channels),
-            "Content-Disposition": f'attachment; filename="{name}.enhanced.{ext}"',
+            "Content-Disposition": download_disposition(upload.filename, name, f".enhanced.{ext}"),
         },
     )
 

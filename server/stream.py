@@ -184,9 +184,9 @@ async def _receive_or_idle(ws: WebSocket, timeout: float, work: Work) -> Message
         left = timeout - min(time.monotonic() - waited_from, work.idle_s())
         try:
             return await _receive(ws, max(left, 0.001))
-        except StreamError:
-            if min(time.monotonic() - waited_from, work.idle_s()) >= timeout:
-                raise
+        except StreamError as err:
+            if min(time.monotonic() - waited_from, work.idle_s()) >= timeout:  # the limit, not the last slice
+                raise StreamError(err.code, f"no message for {timeout:g} s", err.close_code) from None
 
 
 def _parse_start(msg: Message) -> StreamStart:

@@ -92,6 +92,11 @@ def test_foreign_and_truncated_files_are_refused(tmp_path: Path) -> None:
         load_checkpoint(cut)
     with pytest.raises(CheckpointError, match="no such checkpoint"):
         load_checkpoint(tmp_path / "absent.safetensors")
+    # a run folder given as the checkpoint: said "no such checkpoint file" of a folder that is there
+    with pytest.raises(
+        CheckpointError, match=r": a folder, not a checkpoint file \(it holds cut\.safetensors, "
+    ):
+        load_checkpoint(tmp_path)
 
 
 def _small_files(limit: int) -> None:

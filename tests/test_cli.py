@@ -667,6 +667,7 @@ def test_output_container_and_sample_format(tmp_path: Path, ckpt: str) -> None:
         ("af.wav", "d.flac", [], ("FLAC", "PCM_24")),
         ("af.wav", "e", ["--format", "WAV"], ("WAV", "FLOAT")),
         ("a24.flac", "f.opus", [], ("OGG", "OPUS")),
+        ("a24.flac", "f2.ogg", ["--format", "opus"], ("OGG", "OPUS")),  # as .opus names it (it was refused)
     ]
     for src, dst, extra, want in cases:
         proc = cli(str(tmp_path / src), "-o", str(tmp_path / dst), *extra, "--checkpoint", ckpt)
@@ -713,6 +714,14 @@ def test_output_container_and_sample_format(tmp_path: Path, ckpt: str) -> None:
         ),  # without --stream - -o -
         (["--stream", "--channels", "0"], b"must be from 1 to 64"),
         (["--stream", "--rate", "1"], b"must be from 1000 to 384000"),
+        # not numbers: argparse named the type function ("invalid _seconds value: 'abc'")
+        (["--chunk-seconds", "abc"], b"argument --chunk-seconds: expected a number, got 'abc'"),
+        (["--max-attenuation-db", "loud"], b"argument --max-attenuation-db: expected a number, got 'loud'"),
+        (["--stream", "--channels", "two"], b"argument --channels: expected a whole number, got 'two'"),
+        (
+            ["--device", "gpu"],
+            b"--device gpu: use cpu, cuda or cuda:N (or mps)",
+        ),  # not torch's list of 25 types
     ],
 )
 def test_bad_option_values_are_usage_errors(tmp_path: Path, ckpt: str, flags: list[str], says: bytes) -> None:
@@ -904,6 +913,29 @@ def test_ogg_vorbis_output_above_200_khz_is_refused(tmp_path: Path, ckpt: str) -
     assert cli(str(src), "-o", str(tmp_path / "a.flac"), "--checkpoint", ckpt).returncode == 0
 
 
+@pytest.mark.skipif("MP3" not in sf.available_formats(), reason="this libsndfile writes no MP3")
+def test_mp3_output_at_a_rate_mp3_cannot_take(tmp_path: Path, ckpt: str) -> None:
+    """libsndfile's own error named the temporary file and was cut off mid-list of rates."""
+    src = tmp_path / "a.wav"
+    sf.write(src, noisy(0.05, 96000), 96000)
+    proc = cli(str(src), "-o", str(tmp_path / "a.mp3"), "--checkpoint", ckpt)
+    assert proc.returncode == 1, proc.stderr.decode()
+    assert (
+        b"MP3 takes 8, 11.025, 12, 16, 22.05, 24, 32, 44.1 or 48 kHz audio and this is 96000 Hz (outputs keep the "
+        b"input's rate): write .flac or .wav instead" in proc.stderr
+    ), proc.stderr
+    assert b".tmp" not in proc.stderr and list(tmp_path.iterdir()) == [src]
+
+
+def test_a_rate_flac_cannot_hold_suggests_wav_only() -> None:
+    from enhance.audio_io import codec_rate_error, rate_fallback
+
+    assert codec_rate_error("FLAC", None, 768000) == "FLAC takes audio up to 655350 Hz and this is 768000 Hz"
+    assert rate_fallback("FLAC", 768000) == rate_fallback("OGG", 768000) == ".wav"  # it said ".flac or .wav"
+    assert rate_fallback("MP3", 96000) == ".flac or .wav"
+    assert codec_rate_error("MP3", None, 44100) is None and codec_rate_error("MP3", None, 44000) is not None
+
+
 def test_an_output_never_replaces_another_input(tmp_path: Path, ckpt: str) -> None:
     """``a.wav a.enhanced.wav --overwrite``: a.wav's output is the second input; it was replaced, then enhanced
     again."""
@@ -963,7 +995,19 @@ def test_pipe_inputs_name_their_outputs_without_reading_the_pipe(tmp_path: Path,
     (made,) = list(out.iterdir())
     assert made.name == "stdin.wav" and sf.info(str(made)).frames == sf.info(str(src)).frames
     proc = cli("/dev/stdin", "--checkpoint", ckpt, stdin=src.read_bytes())
-    assert proc.returncode == 2 and b"a pipe has no folder to write beside" in proc.stderr
+    assert proc.returncode == 2 and b"a pipe or device has no folder to write beside" in proc.stderr
+    # stdin redirected from a regular file (`< a.flac`): /dev/stdin leads to that file, and the output was written
+    # as /dev/stdin.enhanced.wav (as root) or failed on a temporary file in /dev
+    with src.open("rb") as redirected:
+        proc = subprocess.run(
+            [sys.executable, "-m", "enhance.cli", "/dev/stdin", "--checkpoint", ckpt],
+            stdin=redirected,
+            capture_output=True,
+            env=ENV,
+            timeout=300,
+        )
+    assert proc.returncode == 2 and b"a pipe or device has no folder to write beside" in proc.stderr
+    assert not Path("/dev/stdin.enhanced.wav").exists()
 
 
 def test_a_named_pipe_with_a_competition_map(tmp_path: Path, ckpt: str) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 import schemathesis
 import soundfile as sf
+import torch
 from hypothesis import HealthCheck, settings
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
@@ -213,6 +214,24 @@ def test_enhance_high_band_gate_or_drop(client: httpx.Client, model: Enhancer) -
     assert "high_band" in err["message"]
 
 
+def test_download_names_keep_the_clients_letters() -> None:
+    """The ASCII ``filename`` for old clients, and the client's own name as RFC 6266's ``filename*`` (non-ASCII
+    names came back as "n_k.enhanced.wav" only); no directories, no control characters."""
+    from server.audio import download_disposition, safe_stem
+
+    name = "C:\\rec\\ünï köö\x07.flac"
+    assert download_disposition(name, safe_stem(name), ".enhanced.wav") == (
+        "attachment; filename=\"n_k.enhanced.wav\"; filename*=UTF-8''%C3%BCn%C3%AF%20k%C3%B6%C3%B6.enhanced.wav"
+    )
+    assert (
+        download_disposition("take1.wav", "take1", ".enhanced.wav")
+        == 'attachment; filename="take1.enhanced.wav"'
+    )
+    assert (
+        download_disposition(None, "upload", ".enhanced.wav") == 'attachment; filename="upload.enhanced.wav"'
+    )
+
+
 @pytest.mark.parametrize(
     ("query", "accept", "media", "fmt"),
     [
@@ -234,7 +253,9 @@ def test_enhance_multipart_output_formats(
     resp = client.post(f"/v1/enhance{query}", files=files, headers=headers)
     assert resp.status_code == 200, resp.text
     assert resp.headers["content-type"] == media
-    assert f'filename="my_talk.enhanced.{fmt.lower()}"' in resp.headers["content-disposition"]
+    assert resp.headers["content-disposition"] == (
+        f"attachment; filename=\"my_talk.enhanced.{fmt.lower()}\"; filename*=UTF-8''my%20talk.enhanced.{fmt.lower()}"
+    )
     info = sf.info(io.BytesIO(resp.content))
     assert (info.format, info.samplerate, info.channels, info.frames) == (fmt, 8000, 1, 8000)
 
@@ -693,7 +714,7 @@ def test_stream_limits(checkpoint: Path, model: Enhancer) -> None:
         with connect(url, open_timeout=30) as idle:  # the slot is free again; silence closes it
             _start(idle, api_key="k")
             err = json.loads(idle.recv(timeout=30))
-            assert err["code"] == "idle_timeout"
+            assert err == {"type": "error", "code": "idle_timeout", "error": "no message for 1 s"}
             with pytest.raises(ConnectionClosed):
                 idle.recv(timeout=10)
             assert idle.close_code == 1008
@@ -743,7 +764,12 @@ def test_a_client_waiting_for_a_long_frame_is_not_idle(checkpoint: Path) -> None
             ws.send(np.zeros(1600, "<i2").tobytes())
             while isinstance(msg := ws.recv(timeout=30), bytes):
                 pass
-            assert json.loads(msg)["code"] == "idle_timeout"
+            # the configured limit, not the last slice waited (once "no message for 0.001 s")
+            assert json.loads(msg) == {
+                "type": "error",
+                "code": "idle_timeout",
+                "error": "no message for 0.4 s",
+            }
 
 
 def _held_frame_comes_back_whole(
@@ -1302,6 +1328,17 @@ def test_enhance_server_command(checkpoint: Path, tmp_path: Path) -> None:
             ["--model", "no-such-bundled-model"],
             "enhance-server: no bundled model named 'no-such-bundled-model' (bundled: ",
         ),
+        # it started "healthy" and answered every request 503 model_unavailable
+        (["--device", "gpu"], "enhance-server: --device gpu: use cpu, cuda or cuda:N (or mps)"),
+        *(
+            []
+            if torch.cuda.is_available()
+            else [(["--device", "cuda"], "enhance-server: --device cuda: no CUDA")]
+        ),
+        (
+            ["--port", "99999"],
+            "enhance-server: error: argument --port: must be 0-65535, got 99999",
+        ),  # a traceback
     ):
         failed = subprocess.run(
             [command, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False

@@ -1,0 +1,24 @@
+"""``--device`` of enhance-cli and enhance-server: a torch device this process can really use, checked before any
+work (the server once started "healthy" on ``--device cuda`` without CUDA and then refused every request)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def usable_device(text: str) -> torch.device:
+    """``cpu``, ``cuda``, ``cuda:N`` or ``mps`` as a :class:`torch.device`; ``ValueError`` with one line saying why
+    not otherwise (PyTorch's own message lists two dozen device types)."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise ValueError(f"--device {text}: use cpu, cuda or cuda:N (or mps)") from None
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"--device {text}: use cpu, cuda or cuda:N (or mps)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {text}: no CUDA device here (this PyTorch: {torch.__version__})")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {text}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {text}: no MPS device here")
+    return device
