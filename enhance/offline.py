@@ -1,6 +1,7 @@
 """Offline enhancement of whole signals at the model rate (16 kHz).
 
-``enhance_waveform`` is the reference path: STFT -> log1p magnitude -> model -> rebuild with the noisy phase, at
+``enhance_waveform`` is the reference path: DC blocker (:mod:`enhance.dc_blocker`) -> STFT -> log1p magnitude ->
+model -> rebuild with the noisy phase, at
 the input's exact length. Each channel is enhanced independently (channels are a batch).
 """
 
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 
 from enhance.audio_io import MODEL_RATE, check_audio, fit_length, resample, whole_rate
+from enhance.dc_blocker import remove_dc
 from enhance.high_band import high_band_output
 from enhance.stft import log_magnitude, rebuild, stft
 from models.enhancer import Enhancer, eval_mode
@@ -31,9 +33,7 @@ def enhance_waveform(model: Enhancer, wav: np.ndarray, return_competition: bool 
     wav = np.asarray(wav)
     check_audio(wav)
     param = next(model.parameters())
-    data = np.ascontiguousarray(wav)
-    if not data.flags.writeable:  # torch.from_numpy warns about read-only arrays (it would not write to it)
-        data = data.copy()
+    data = remove_dc(wav, model.cfg.stft.hop_length)  # a new array, filtered as the streaming engine does
     x = torch.from_numpy(data).to(device=param.device, dtype=param.dtype)
     spec = stft(x, model.cfg.stft)  # [C, T, F]
     with eval_mode(model):

@@ -10,7 +10,8 @@ tested for chunk sizes 1 ... seconds). Output sample ``s`` is returned as soon a
 samples have arrived (tested): the delay is one window (32 ms) plus one hop of lookahead (16 ms) minus the part
 of the current hop already received, between 513 and ``latency_samples`` = 768 samples (32-48 ms at 16 kHz).
 
-State (:class:`StreamState`) is explicit and bounded: the input samples of the frame being collected, the noisy
+State (:class:`StreamState`) is explicit and bounded: the input of the hop being collected (the DC blocker,
+:mod:`enhance.dc_blocker`, filters whole hops) and the blocker's memory, the samples of the frame being collected, the noisy
 spectra waiting for their lookahead frame, the model's conv and key/value caches (:class:`EnhancerState`, at most
 ``context_frames`` frames per layer) and the overlap-add tail.
 """
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 from enhance.audio_io import MAX_CHANNELS, sample_layout_error, sample_value_error
+from enhance.dc_blocker import DCState, block_dc
 from enhance.stft import analysis_frames, apply_magnitude, log_magnitude, overlap_add, synthesis_frames
 from models.enhancer import Enhancer
 
@@ -34,6 +36,8 @@ class StreamState:
 
     channels: int
     buffer: np.ndarray  # [C, < win] input not yet consumed, padded coordinates from frame `frames_in`'s start
+    pending: np.ndarray  # [C, < hop] float64 input of the incomplete hop, not yet through the DC blocker
+    dc: DCState  # the DC blocker's memory
     # [C, <= lookahead, F] noisy spectra waiting for their output frame (the C path: [C, F] complex64, one slot)
     spectra: torch.Tensor | np.ndarray | None = None
     model: Any = None  # the backend's state: EnhancerState (PyTorch), FixedState or NativeState
@@ -73,6 +77,8 @@ class StreamingEnhancer:
         return StreamState(
             self.channels,
             buffer=np.zeros((self.channels, ov), np.float32),  # the leading zeros of the offline framing
+            pending=np.zeros((self.channels, 0), np.float64),
+            dc=DCState.zeros(self.channels),
             spectra=np.zeros((self.channels, self.cfg.n_bins), np.complex64) if self._run_frames else None,
             model=self.backend.new_state(self.channels),
             tail=np.zeros((self.channels, ov), np.float32),
@@ -110,7 +116,12 @@ class StreamingEnhancer:
         problem = sample_value_error(chunk)  # before the cast: 1e39 in float64 is inf in float32
         if problem:
             raise ValueError(f"chunk: {problem}")
-        st.buffer = np.concatenate([st.buffer, chunk.astype(np.float32, copy=False)], axis=1)
+        raw = np.concatenate([st.pending, chunk.astype(np.float64, copy=False)], axis=1)
+        whole = raw.shape[1] - raw.shape[1] % self.cfg.hop_length  # a frame needs whole hops anyway: no delay
+        st.pending = raw[:, whole:]
+        st.buffer = np.concatenate(
+            [st.buffer, block_dc(raw[:, :whole], st.dc, self.cfg.hop_length).astype(np.float32)], axis=1
+        )
         st.received += chunk.shape[1]
         return self._advance(final=False)
 
@@ -122,6 +133,10 @@ class StreamingEnhancer:
             self.last_competition = []
             return np.zeros((self.channels, 0), np.float32)
         n_frames = self.cfg.n_frames(st.received)
+        st.buffer = np.concatenate(
+            [st.buffer, block_dc(st.pending, st.dc, self.cfg.hop_length).astype(np.float32)], axis=1
+        )
+        st.pending = st.pending[:, :0]
         # the offline framing pads the end with zeros up to the last frame
         need = (n_frames - st.frames_in - 1) * self.cfg.hop_length + self.cfg.win_length
         if need > st.buffer.shape[1]:

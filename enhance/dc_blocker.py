@@ -1,0 +1,77 @@
+"""The DC blocker in front of the model: a first-order high-pass at :data:`CUTOFF_HZ` (5 Hz).
+
+A DC offset (a cheap sound card, a noise recording with one) leaks through the sqrt-Hann analysis window into the
+lowest dozen bins, and the network, which never saw one in training, then did worse everywhere: 0.1 of offset
+took the bundled model's output on ``examples/noisy.wav`` from 8.2 dB to 4.9 dB SNR (the input's own: 5.1), and
+the output kept the offset. RNNoise and WebRTC's audio processing put a high-pass in front of their suppressors
+for the same reason; this one is as low as a DC blocker can be while still settling within about 30 ms
+(time constant ``1 / (2 pi 5 Hz)``), so that speech (from about 60 Hz) is untouched.
+
+    y[n] = g (x[n] - x[n-1]) + R y[n-1],    R = exp(-2 pi CUTOFF_HZ / rate),    g = (1 + R) / 2
+
+(``g``: unity gain at the Nyquist frequency, 0 at DC). It is causal and adds no delay. To give the offline and the
+streaming engines the same samples bit for bit, whatever the chunking, the signal is filtered in blocks of one
+hop (``block`` samples) aligned to its first sample, each one with the same float64 matrix product (the recursion
+unrolled over the block); only the last block of a signal may be shorter. The streaming engine holds back the
+incomplete block, which costs no delay: a frame needs whole hops of input anyway.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+CUTOFF_HZ = 5.0
+RATE = 16000  # the model's rate: the blocker runs on the 16 kHz signal the model sees
+
+
+@functools.lru_cache(maxsize=4)
+def _block_filter(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """For a block of ``n`` samples: ``L`` [n, n] with ``L[i, j] = R**(i - j)`` (j <= i), and ``R**(i + 1)`` [n]."""
+    pole = math.exp(-2.0 * math.pi * CUTOFF_HZ / RATE)
+    powers = pole ** np.arange(n + 1, dtype=np.float64)
+    i, j = np.indices((n, n))
+    lower = np.where(j <= i, powers[np.clip(i - j, 0, n)], 0.0)
+    lower.setflags(write=False)
+    carry = powers[1:].copy()
+    carry.setflags(write=False)
+    return lower, carry
+
+
+GAIN = (1.0 + math.exp(-2.0 * math.pi * CUTOFF_HZ / RATE)) / 2.0
+
+
+@dataclass
+class DCState:
+    """The filter's memory per channel: the last input and output sample (float64)."""
+
+    last_in: np.ndarray  # [C]
+    last_out: np.ndarray  # [C]
+
+    @classmethod
+    def zeros(cls, channels: int) -> DCState:
+        return cls(np.zeros(channels), np.zeros(channels))
+
+
+def block_dc(x: np.ndarray, state: DCState, block_size: int) -> np.ndarray:
+    """Filter ``x`` [C, n] (float64), ``block_size`` samples at a time from its first sample (the last block may
+    be shorter: give a stream's partial block only at its end); updates ``state``. Returns [C, n] float64."""
+    out = np.empty(x.shape, np.float64)
+    for start in range(0, x.shape[1], block_size):
+        block = x[:, start : start + block_size]
+        lower, carry = _block_filter(block.shape[1])
+        diff = np.diff(block, axis=1, prepend=state.last_in[:, None]) * GAIN
+        y = diff @ lower.T + state.last_out[:, None] * carry
+        out[:, start : start + block_size] = y
+        state.last_in, state.last_out = block[:, -1].copy(), y[:, -1].copy()
+    return out
+
+
+def remove_dc(wav: np.ndarray, block_size: int) -> np.ndarray:
+    """The whole signal ``wav`` [C, n] through the blocker from silence, in ``wav``'s float dtype, filtered as
+    the streaming engine filters it (``block_size``: the model's hop)."""
+    filtered = block_dc(np.asarray(wav, np.float64), DCState.zeros(wav.shape[0]), block_size)
+    return filtered.astype(wav.dtype, copy=False)
