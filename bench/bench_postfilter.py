@@ -61,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_quality  # bench/ is not a package: on sys.path above
 
 from enhance.audio_io import load_mono_16k
+from enhance.dc_blocker import remove_dc
 from enhance.errors import EnhanceError
 from enhance.stft import STFTConfig, istft, linear_magnitude, log_magnitude, stft
 from recipes.evaluate import summarize, write_csv
@@ -251,7 +252,8 @@ def filtered_outputs(
     """The network once, then every post-filter; waveforms at the input's length. ``model`` must have no
     attenuation limit (the ``limit`` step is the limit). ``oracle`` chains start from ``clean``'s magnitude."""
     cfg = model.cfg.stft
-    spec = stft(torch.from_numpy(noisy)[None], cfg)
+    blocked = remove_dc(noisy[None], cfg.hop_length)  # as the engine: its DC blocker, then the STFT
+    spec = stft(torch.from_numpy(blocked), cfg)
     x = spec.abs()[0]
     p = linear_magnitude(model(log_magnitude(spec)).log_mag)[0]
     c = None if clean is None else stft(torch.from_numpy(clean)[None], cfg).abs()[0]
