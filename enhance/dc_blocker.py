@@ -26,22 +26,20 @@ import numpy as np
 
 CUTOFF_HZ = 5.0
 RATE = 16000  # the model's rate: the blocker runs on the 16 kHz signal the model sees
+POLE = math.exp(-2.0 * math.pi * CUTOFF_HZ / RATE)  # R
+GAIN = (1.0 + POLE) / 2.0  # g: unity gain at the Nyquist frequency
 
 
 @functools.lru_cache(maxsize=4)
 def _block_filter(n: int) -> tuple[np.ndarray, np.ndarray]:
     """For a block of ``n`` samples: ``L`` [n, n] with ``L[i, j] = R**(i - j)`` (j <= i), and ``R**(i + 1)`` [n]."""
-    pole = math.exp(-2.0 * math.pi * CUTOFF_HZ / RATE)
-    powers = pole ** np.arange(n + 1, dtype=np.float64)
+    powers = POLE ** np.arange(n + 1, dtype=np.float64)
     i, j = np.indices((n, n))
     lower = np.where(j <= i, powers[np.clip(i - j, 0, n)], 0.0)
     lower.setflags(write=False)
     carry = powers[1:].copy()
     carry.setflags(write=False)
     return lower, carry
-
-
-GAIN = (1.0 + math.exp(-2.0 * math.pi * CUTOFF_HZ / RATE)) / 2.0
 
 
 @dataclass
