@@ -282,7 +282,7 @@ def output_for(src: str, rel: str | None, output: str | None, as_dir: bool, fmt:
         if src == "-":
             return "-"
         # /dev/fd/63.enhanced.wav is no place to write, nor /dev/stdin.enhanced.wav when stdin is a redirected file
-        if _special(src) or _special_output(src):
+        if _special_output(src):
             raise AudioError(
                 f"{src}: a pipe or device has no folder to write beside: give -o a file name (or -)"
             )

@@ -116,12 +116,7 @@ class StreamingEnhancer:
         problem = sample_value_error(chunk)  # before the cast: 1e39 in float64 is inf in float32
         if problem:
             raise ValueError(f"chunk: {problem}")
-        raw = np.concatenate([st.pending, chunk.astype(np.float64, copy=False)], axis=1)
-        whole = raw.shape[1] - raw.shape[1] % self.cfg.hop_length  # a frame needs whole hops anyway: no delay
-        st.pending = raw[:, whole:]
-        st.buffer = np.concatenate(
-            [st.buffer, block_dc(raw[:, :whole], st.dc, self.cfg.hop_length).astype(np.float32)], axis=1
-        )
+        self._block_dc(chunk, final=False)
         st.received += chunk.shape[1]
         return self._advance(final=False)
 
@@ -133,10 +128,7 @@ class StreamingEnhancer:
             self.last_competition = []
             return np.zeros((self.channels, 0), np.float32)
         n_frames = self.cfg.n_frames(st.received)
-        st.buffer = np.concatenate(
-            [st.buffer, block_dc(st.pending, st.dc, self.cfg.hop_length).astype(np.float32)], axis=1
-        )
-        st.pending = st.pending[:, :0]
+        self._block_dc(np.zeros((st.channels, 0)), final=True)  # the incomplete last hop
         # the offline framing pads the end with zeros up to the last frame
         need = (n_frames - st.frames_in - 1) * self.cfg.hop_length + self.cfg.win_length
         if need > st.buffer.shape[1]:
@@ -144,6 +136,17 @@ class StreamingEnhancer:
         out = self._advance(final=True, max_frames=n_frames)
         self.state = self._new_state()  # ready for a new stream; the competition of this one stays readable
         return out
+
+    def _block_dc(self, chunk: np.ndarray, final: bool) -> None:
+        """Append ``chunk`` to the input buffer through the DC blocker: whole hops now (a frame needs whole hops
+        anyway: no delay), the incomplete one kept in ``pending`` until the next chunk or, ``final``, the end."""
+        st, hop = self.state, self.cfg.hop_length
+        raw = np.concatenate([st.pending, chunk.astype(np.float64, copy=False)], axis=1)
+        whole = raw.shape[1] if final else raw.shape[1] - raw.shape[1] % hop
+        st.pending = raw[:, whole:]
+        st.buffer = np.concatenate(
+            [st.buffer, block_dc(raw[:, :whole], st.dc, hop).astype(np.float32)], axis=1
+        )
 
     @torch.inference_mode()
     def _advance(self, final: bool, max_frames: int | None = None) -> np.ndarray:

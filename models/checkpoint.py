@@ -132,8 +132,8 @@ def load_state_strict(model: torch.nn.Module, tensors: dict[str, torch.Tensor], 
             + (f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else "")
         )
     # float16/bfloat16 weights are cast on loading; integer or boolean ones would be garbage, not weights
-    kinds = sorted(k for k in set(expected) & set(tensors) if expected[k].dtype != tensors[k].dtype)
-    not_float = [k for k in kinds if expected[k].is_floating_point() and not tensors[k].is_floating_point()]
+    shared = sorted(set(expected) & set(tensors))
+    not_float = [k for k in shared if expected[k].is_floating_point() and not tensors[k].is_floating_point()]
     if not_float:
         problems.append(f"non-float weights in {_few(not_float)} ({str(tensors[not_float[0]].dtype)[6:]})")
     if problems:

@@ -114,13 +114,18 @@ def file_rms_dbfs(data: bytes, block_frames: int = 1 << 16) -> float | None:
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+def _client_stem(filename: str) -> str:
+    """A client's file name without its directories (either slash) and its extension."""
+    base = re.split(r"[\\/]", filename)[-1]
+    return base.rsplit(".", 1)[0] if "." in base.strip(".") else base
+
+
 def download_disposition(filename: str | None, stem: str, suffix: str) -> str:
     """``Content-Disposition`` for a download named ``stem + suffix`` (``stem``: :func:`safe_stem`), with the
     client's own name, non-ASCII letters and spaces kept, as RFC 6266's ``filename*`` where it differs ("ünï
     köö.flac" came back as "n_k.enhanced.wav" only)."""
     header = f'attachment; filename="{stem}{suffix}"'
-    base = re.split(r"[\\/]", filename or "")[-1]
-    full = base.rsplit(".", 1)[0] if "." in base.strip(".") else base
+    full = _client_stem(filename or "")
     full = "".join(c for c in full if unicodedata.category(c)[0] != "C").strip(" .")[:80]  # no control chars
     if full and full != stem:
         header += f"; filename*=UTF-8''{urllib.parse.quote(full + suffix, safe='')}"
@@ -131,7 +136,5 @@ def safe_stem(filename: str | None, default: str = "audio") -> str:
     """A harmless file stem from a client's file name (no directories, no odd characters), for headers only."""
     if not filename:
         return default
-    base = re.split(r"[\\/]", filename)[-1]
-    stem = base.rsplit(".", 1)[0] if "." in base.strip(".") else base
-    stem = _UNSAFE.sub("_", stem).strip("._-")[:80]
+    stem = _UNSAFE.sub("_", _client_stem(filename)).strip("._-")[:80]
     return stem or default

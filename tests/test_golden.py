@@ -18,7 +18,7 @@ import pytest
 import soundfile as sf
 
 from models.pretrained import pretrained_path
-from recipes.export import EXAMPLE_CLEAN, EXAMPLE_NOISY, GOLDEN, sha256
+from recipes.export import EXAMPLE_CLEAN, EXAMPLE_NOISY, GOLDEN, file_section, sha256
 from recipes.metrics import pesq_wb, si_sdr, stoi
 from tests.conftest import ROOT
 
@@ -32,6 +32,9 @@ def test_golden_targets_belong_to_the_bundled_model(golden: dict) -> None:
     assert golden["model_sha256"] == sha256(pretrained_path()), "bundled model changed: re-run recipes.export"
     card = pretrained_path().with_suffix(".md").read_text()  # the model card describes this very file
     assert f"SHA-256 `{golden['model_sha256']}`" in card
+    assert card.endswith(
+        file_section("default", golden["model_sha256"])
+    )  # the section export writes, heading too
 
 
 def test_cli_on_example_meets_stored_targets(tmp_path: Path, golden: dict) -> None:
