@@ -46,6 +46,9 @@ class DataConfig:
     voicebank_val_speakers: tuple[str, ...] = VOICEBANK_VAL_SPEAKERS
     cache_dir: str | None = None  # where VoiceBank is resampled to 16 kHz (default ~/.cache/tim-enhance)
     min_seconds: float = 0.5
+    # training mixtures and targets, and the validation input, through the product's 5-Hz DC blocker, as every
+    # engine feeds the model (recipes.dc_blocked; every recipe). Runs saved before it existed read as off.
+    dc_blocker: bool = True
     mixing: MixingConfig = field(default_factory=MixingConfig)
 
     def __post_init__(self) -> None:

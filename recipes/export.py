@@ -131,6 +131,12 @@ def _pauses(mixing: dict[str, Any]) -> str:
     return f", a speech pause of {low:g}-{high:g} s in {prob:.0%} of the segments"
 
 
+def _dc_blocker(data: dict[str, Any]) -> str:
+    """The card's words for DataConfig.dc_blocker, if it was on (a config saved before it existed: off)."""
+    on = data.get("dc_blocker", False)
+    return "; mixtures and clean targets through the engines' 5-Hz DC blocker" if on else ""
+
+
 def _augment(mixing: dict[str, Any]) -> str:
     """The card's words for the augmentation (recipes.augment.AugmentConfig), if any of it was on."""
     aug = mixing.get("augment") or {}
@@ -300,7 +306,7 @@ def _data_lines(data: dict[str, Any], pairs_root: str, swept: bool = False) -> s
     mixing = data["mixing"]
     mixed = (
         f"dynamic mixing at SNR uniform in {mixing['snr_db']} dB, mixture level {mixing['level_dbfs']} dBFS, "
-        f"{mixing['segment_seconds']} s segments{_pauses(mixing)}{_augment(mixing)}"
+        f"{mixing['segment_seconds']} s segments{_pauses(mixing)}{_augment(mixing)}{_dc_blocker(data)}"
     )
     if _shared_corpus(data):
         copy = (
@@ -320,7 +326,10 @@ def _data_lines(data: dict[str, Any], pairs_root: str, swept: bool = False) -> s
   not a test-set result, and not comparable with VoiceBank-DEMAND or DNS Challenge results."""
     recipe = data.get("recipe")
     if recipe == "voicebank":
-        source = f"VoiceBank-DEMAND `{data.get('root')}` ({data.get('voicebank_trainset')} training set, its own mixtures)"
+        source = (
+            f"VoiceBank-DEMAND `{data.get('root')}` ({data.get('voicebank_trainset')} training set, its own "
+            f"mixtures{_dc_blocker(data)})"
+        )
     elif recipe == "dns":
         source = f"the DNS Challenge tree `{data.get('root')}` (clean + noise, {mixed})"
     else:

@@ -30,7 +30,7 @@ from typing import Any
 from models.checkpoint import CheckpointError
 from models.config_io import from_dict
 from recipes import run_folder
-from recipes.trainer import RESUME_OVERRIDES, RunConfig, Trainer
+from recipes.trainer import RESUME_OVERRIDES, RunConfig, Trainer, saved_run_config
 
 # the flags --resume may change, as the help and the refusal name them
 RESUME_FLAGS = ", ".join("--" + k.replace("_", "-") for k in RESUME_OVERRIDES)
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             if not saved.is_file():
                 raise FileNotFoundError(f"{saved}: nothing to resume")
             try:
-                cfg = from_dict(RunConfig, json.loads(saved.read_text()))
+                cfg = saved_run_config(json.loads(saved.read_text()))
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{saved}: not readable JSON ({exc})") from None
             ignored = [

@@ -39,6 +39,7 @@ from models.registry import get_config
 from recipes import run_folder
 from recipes.bcd import BCD, BCDConfig
 from recipes.datasets import DataConfig, RecipeData, ValPair, build, collate, describe_skipped
+from recipes.dc_blocked import DCBlockedDataset, dc_blocked
 from recipes.ema import WeightEMA
 from recipes.metrics import si_sdr
 from recipes.pmsqe import PMSQE
@@ -137,6 +138,17 @@ class TrainConfig:
 class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
+
+
+# settings added to RunConfig after runs were saved without them, with the value that reproduces what those runs
+# did (not the new default): DataConfig.dc_blocker (session 26; runs before it trained on unfiltered audio)
+LEGACY_DATA = {"dc_blocker": False}
+
+
+def saved_run_config(raw: dict[str, Any]) -> RunConfig:
+    """A run's saved configuration (config.json, state.pt), as the run was trained: a setting it predates takes
+    the value :data:`LEGACY_DATA` gives, so ``--resume`` continues it exactly."""
+    return from_dict(RunConfig, {**raw, "data": {**LEGACY_DATA, **raw.get("data", {})}})
 
 
 @dataclass
@@ -277,15 +289,21 @@ def _pmsqe(device: torch.device, as_pesq: bool = False) -> PMSQE:
 
 
 @torch.no_grad()
-def validate(model: Enhancer, pairs: list[ValPair], device: torch.device) -> dict[str, float]:
+def validate(
+    model: Enhancer, pairs: list[ValPair], device: torch.device, dc_blocker: bool = False
+) -> dict[str, float]:
     """Mean per-file log-magnitude MSE, SI-SDR (dB, enhanced vs clean) and PMSQE (recipes.pmsqe, a PESQ-like
-    disturbance: lower is better) over the validation pairs."""
+    disturbance: lower is better) over the validation pairs. ``dc_blocker`` (``DataConfig.dc_blocker``): the noisy
+    input goes through the product's DC blocker, and the loss and PMSQE compare with the clean file through it too,
+    as training does (:mod:`recipes.dc_blocked`); SI-SDR is always against the clean file as it is, as
+    ``recipes.evaluate`` measures it."""
     was_training = model.training
     model.eval()
     losses, sdrs, pmsqes = [], [], []
     for p in pairs:
-        noisy = torch.from_numpy(p.noisy).to(device).unsqueeze(0)
-        clean = torch.from_numpy(p.clean).to(device).unsqueeze(0)
+        noisy_in, clean_ref = (dc_blocked(p.noisy), dc_blocked(p.clean)) if dc_blocker else (p.noisy, p.clean)
+        noisy = torch.from_numpy(noisy_in).to(device).unsqueeze(0)
+        clean = torch.from_numpy(clean_ref).to(device).unsqueeze(0)
         spec = stft(noisy, model.cfg.stft)
         pred = model(log_magnitude(spec)).log_mag
         target = log_magnitude(stft(clean, model.cfg.stft))
@@ -388,8 +406,8 @@ class Trainer:
                     f"{self.run_dir} already holds a run; pass --resume or choose a new folder"
                 )
             saved = run_folder.load_state(state_path)
-            # Round-trip the saved config so fields added since it was written take their defaults.
-            saved_config = to_dict(from_dict(RunConfig, saved["config"]))
+            # Round-trip the saved config so fields added since it was written take what the run did.
+            saved_config = to_dict(saved_run_config(saved["config"]))
             changed = _differences(_without_runtime(saved_config), _without_runtime(config))
             if changed:
                 raise ValueError(
@@ -563,7 +581,8 @@ class Trainer:
         return {**last, "stopped": reason, "next_epoch": self.pos.epoch + 1, "next_step": self.pos.step}
 
     def _epoch(self) -> dict[str, Any]:
-        cfg, pos, ds = self.cfg.train, self.pos, self.data.train
+        cfg, pos = self.cfg.train, self.pos
+        ds = DCBlockedDataset(self.data.train) if self.cfg.data.dc_blocker else self.data.train
         order = ds.order(pos.epoch)
         n_steps = steps_per_epoch(len(order), cfg)
         batches = EpochBatches(
@@ -656,7 +675,11 @@ class Trainer:
         """Validation of ``model``, the scheduler step, its best/last checkpoints and the CSV row of the epoch."""
         pos = self.pos
         key = SELECT_BY[self.cfg.train.select_by]
-        val = validate(model, self.data.val, self.device) if self.dist.is_main else {key: 0.0}
+        val = (
+            validate(model, self.data.val, self.device, self.cfg.data.dc_blocker)
+            if self.dist.is_main
+            else {key: 0.0}
+        )
         val[key] = score = self.dist.broadcast_float(
             val[key], self.device
         )  # every rank steps the schedule alike

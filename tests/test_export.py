@@ -115,6 +115,13 @@ def test_model_card_names_a_warm_start_and_speech_pauses_only_when_used(tmp_path
     assert "the shared development corpus, as the Opus copy of its speech/train" in cards["gpu"]
     assert "internal R&D" not in cards["plain"] and "check them before distributing" in cards["plain"]
     assert "these weights are from epoch 1 (lowest validation loss, 0.2000)" in cards["plain"]
+    # a run trained through the DC blocker says so; one saved before DataConfig.dc_blocker existed trained without
+    assert "mixtures and clean targets through the engines' 5-Hz DC blocker" in cards["plain"]
+    (tmp_path / "legacy").mkdir()
+    legacy = to_dict(plain)
+    del legacy["data"]["dc_blocker"]
+    (tmp_path / "legacy" / "config.json").write_text(json.dumps(legacy))
+    assert "DC blocker" not in model_card("m", ck, tmp_path / "legacy", evaluation, "cmd", rows)
     # a run that picks its best epoch by val_pmsqe (--select-by pmsqe) says so
     (tmp_path / "by-pmsqe").mkdir()
     by_pmsqe = RunConfig(dataclasses.replace(plain.train, select_by="pmsqe"), plain.data)

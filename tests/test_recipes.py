@@ -48,7 +48,7 @@ from recipes.datasets import DataConfig, build, load_val_pairs
 from recipes.evaluate import main as evaluate_main
 from recipes.train import build_parser, resolve
 from recipes.train import main as train_main
-from recipes.trainer import RunConfig, Trainer, validate
+from recipes.trainer import RunConfig, Trainer, saved_run_config, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_FILES = ("config.json", "env.json", "metrics.csv", "best.safetensors", "last.safetensors", "state.pt")
@@ -384,14 +384,18 @@ def test_folders_recipe_validates_on_the_dev_pairs(folders: FolderTree, tmp_path
     assert config["data"]["val_pairs"] == str(folders.dev)
     assert config["data"]["speech"] == [str(folders.speech)]
     assert config["data"]["noise"] == [str(folders.noise)]
+    assert config["data"]["dc_blocker"] is True  # a new run trains and validates through the DC blocker
 
-    # the logged validation loss is the loss on exactly these dev pairs
+    # the logged validation loss is the loss on exactly these dev pairs, the input through the DC blocker
     pairs, bad = load_val_pairs(str(folders.dev))
     assert bad == [] and sorted(p.name for p in pairs) == [f"{i:04d}" for i in range(1, folders.n_dev + 1)]
     with in_process():
         torch.set_num_threads(1)
-        val = validate(load_checkpoint(run / "last.safetensors").model, pairs, torch.device("cpu"))
+        model = load_checkpoint(run / "last.safetensors").model
+        val = validate(model, pairs, torch.device("cpu"), dc_blocker=True)
+        unfiltered = validate(model, pairs, torch.device("cpu"))
     assert val["val_loss"] == pytest.approx(float(rows[-1]["val_loss"]), rel=1e-5)
+    assert unfiltered["val_loss"] != pytest.approx(val["val_loss"], rel=1e-5)
     assert val["val_si_sdr"] == pytest.approx(float(rows[-1]["val_si_sdr"]), abs=1e-3)
 
 
@@ -796,6 +800,30 @@ def test_resume_with_a_changed_config_is_refused(resume_runs: ResumeRuns) -> Non
     with in_process():
         trainer = Trainer(longer, resume_runs.a, resume=True)
     assert trainer.pos.epoch == 2 and trainer.cfg.train.epochs == 3
+
+
+def test_a_run_saved_before_the_dc_blocker_resumes_without_it(
+    resume_runs: ResumeRuns, tmp_path: Path
+) -> None:
+    """Runs saved before DataConfig.dc_blocker (session 26) trained on unfiltered audio: --resume continues them
+    so, and a config that asks for the blocker is refused as a change, not applied from the middle of the run."""
+    old = tmp_path / "old"
+    shutil.copytree(resume_runs.a, old)
+    config = json.loads((old / "config.json").read_text())
+    del config["data"]["dc_blocker"]
+    (old / "config.json").write_text(json.dumps(config))
+    state = run_folder.load_state(old / "state.pt")
+    del state["config"]["data"]["dc_blocker"]
+    run_folder.save_state(old / "state.pt", state)
+
+    legacy = saved_run_config(config)
+    assert legacy.data == dataclasses.replace(resume_runs.cfg.data, dc_blocker=False)
+    with in_process(), pytest.raises(ValueError, match="data.dc_blocker: False then, True now"):
+        Trainer(resume_runs.cfg, old, resume=True)
+    # the command line reads the saved config as the run was trained, and goes on with one more epoch
+    train_cli(["--out", str(old), "--resume", "--epochs", "3"], tmp_path)
+    assert [int(r["epoch"]) for r in metrics(old)] == [1, 2, 3]
+    assert json.loads((old / "config.json").read_text())["data"]["dc_blocker"] is False
 
 
 # --------------------------------------------------------------------------------------------------- DDP
