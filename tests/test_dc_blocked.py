@@ -65,9 +65,8 @@ def test_training_examples_are_the_inner_examples_through_the_blocker(tmp_path: 
 def test_validation_feeds_the_blocked_input_and_scores_si_sdr_against_the_clean_file(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = Enhancer(get_config("tiny")).eval()
-    clean = (0.3 * speech_like(1.5, seed=4) + 0.05).astype(
-        np.float32
-    )  # a reference with an offset of its own
+    # a reference with an offset of its own
+    clean = (0.3 * speech_like(1.5, seed=4) + 0.05).astype(np.float32)
     noisy = (clean + 0.02 * np.random.default_rng(1).standard_normal(len(clean)) + OFFSET).astype(np.float32)
     raw = ValPair("a", noisy, clean)
     on = validate(model, [raw], torch.device("cpu"), dc_blocker=True)
