@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import math
 import os
@@ -25,11 +26,14 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from enhance.audio_io import atomic_path
 from models.registry import REGISTRY
+from recipes.datasets import DataConfig
 from recipes.run_folder import out_folder_problem, read_csv
-from recipes.train import config_path
+from recipes.train import config_path, merge
+from recipes.trainer import LEGACY_DATA
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,16 +95,28 @@ def train(name: str, run: Path, epochs: int, args: argparse.Namespace) -> None:
 def check_settings(args: argparse.Namespace) -> None:
     """Every run under ``--out`` is trained the same way: refuse to continue a comparison with other settings
     (only ``--epochs`` may grow, which extends every run)."""
+    configs = [json.loads(config_path(c).read_text()) for c in args.config]
+    merged: dict[str, Any] = functools.reduce(merge, configs, {})
     settings = {
-        "configs": [json.loads(config_path(c).read_text()) for c in args.config],
+        "configs": configs,
         "steps_per_epoch": args.steps_per_epoch,
         "seed": args.seed,
+        # what new runs get (DataConfig.dc_blocker); runs of a comparison started before the setting (session 26)
+        # resume without it, so one table must not mix the two
+        "dc_blocker": bool(merged.get("data", {}).get("dc_blocker", DataConfig().dc_blocker)),
     }
     path = args.out / "settings.json"
     if path.is_file():
-        if json.loads(path.read_text()) != settings:
+        saved = {**LEGACY_DATA, **json.loads(path.read_text())}  # its "dc_blocker" key: only since session 26
+        if saved != settings:
+            before = (
+                " (its runs were trained without the DC blocker)"
+                if saved["dc_blocker"] != settings["dc_blocker"]
+                else ""
+            )
             raise ValueError(
-                f"{args.out} holds runs trained with other settings (see {path}); use a new --out to compare those"
+                f"{args.out} holds runs trained with other settings{before} (see {path}); use a new --out to "
+                "compare those"
             )
         return
     with atomic_path(path) as tmp:

@@ -34,7 +34,7 @@ from recipes.evaluate import DNSMOS_KEYS, evaluate, left_out, markdown_table, po
 from recipes.metrics import DNSMOS, pesq_wb, si_sdr, stoi
 from recipes.pairs import discover_pairs
 from recipes.run_folder import read_csv
-from recipes.trainer import SELECT_BY
+from recipes.trainer import LEGACY_DATA, SELECT_BY
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_NOISY, EXAMPLE_CLEAN = ROOT / "examples" / "noisy.wav", ROOT / "examples" / "clean.wav"
@@ -133,7 +133,7 @@ def _pauses(mixing: dict[str, Any]) -> str:
 
 def _dc_blocker(data: dict[str, Any]) -> str:
     """The card's words for DataConfig.dc_blocker, if it was on (a config saved before it existed: off)."""
-    on = data.get("dc_blocker", False)
+    on = data.get("dc_blocker", LEGACY_DATA["dc_blocker"])
     return "; mixtures and clean targets through the engines' 5-Hz DC blocker" if on else ""
 
 

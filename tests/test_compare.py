@@ -88,6 +88,14 @@ def test_compare_refuses_to_mix_settings_in_one_folder(
     assert code == 1
     assert "other settings" in capsys.readouterr().err
     assert not (out / "tiny").exists()
+    # a comparison started before runs trained through the DC blocker (no such key: its runs resume without it)
+    # is not continued with new runs that would train with it
+    same = {"configs": [{"train": {"batch_size": 2}}], "steps_per_epoch": None, "seed": 0}
+    (out / "settings.json").write_text(json.dumps(same))
+    code = compare_main(["--out", str(out), "--config", str(data), "--configs", "tiny", "--epochs", "1"])
+    assert code == 1
+    assert "trained without the DC blocker" in capsys.readouterr().err
+    assert not (out / "tiny").exists()
 
 
 def test_compare_reports_a_failed_run_without_a_traceback(

@@ -399,6 +399,23 @@ def test_folders_recipe_validates_on_the_dev_pairs(folders: FolderTree, tmp_path
     assert val["val_si_sdr"] == pytest.approx(float(rows[-1]["val_si_sdr"]), abs=1e-3)
 
 
+def test_training_batches_go_through_the_dc_blocker_when_it_is_on(
+    folders: FolderTree, tmp_path: Path
+) -> None:
+    """The same first step with DataConfig.dc_blocker on and off: the examples differ (a 5-Hz high-pass from each
+    segment's first sample), so does the loss; off is how runs before session 26 trained."""
+    losses = {}
+    for on in (True, False):
+        run = tmp_path / f"dc-{on}"
+        args = [*folders_args(folders, "--epochs", "1", "--max-steps-per-epoch", "1"), "--out", str(run)]
+        cfg = resolve(build_parser().parse_args(args))
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dc_blocker=on))
+        with in_process():
+            Trainer(cfg, run).fit()
+        losses[on] = float(metrics(run)[0]["train_loss"])
+    assert abs(losses[True] - losses[False]) > 1e-4 * losses[False], losses
+
+
 def test_select_by_pmsqe_picks_the_best_epoch_and_drives_the_schedule(
     folders: FolderTree, tmp_path: Path
 ) -> None:
@@ -818,7 +835,7 @@ def test_a_run_saved_before_the_dc_blocker_resumes_without_it(
 
     legacy = saved_run_config(config)
     assert legacy.data == dataclasses.replace(resume_runs.cfg.data, dc_blocker=False)
-    with in_process(), pytest.raises(ValueError, match="data.dc_blocker: False then, True now"):
+    with in_process(), pytest.raises(ValueError, match=r"data\.dc_blocker: False then, True now"):
         Trainer(resume_runs.cfg, old, resume=True)
     # the command line reads the saved config as the run was trained, and goes on with one more epoch
     train_cli(["--out", str(old), "--resume", "--epochs", "3"], tmp_path)
