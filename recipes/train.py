@@ -1,7 +1,9 @@
 """Training command: ``python -m recipes.train --config A.json [--config B.json ...] [flags] --out RUN_DIR``.
 
 Config files are merged in order (later wins), then flags override them. A config file holds
-``{"train": {...TrainConfig...}, "data": {...DataConfig...}}``, any part of it. Examples::
+``{"train": {...TrainConfig...}, "data": {...DataConfig...}}``, any part of it. New runs train through the
+engines' 5-Hz DC blocker (``data.dc_blocker``; ``--config no-dc-blocker.json`` trains as runs before session 26
+did). Examples::
 
     # the paper's recipe (SNR U[0, 40] dB) for TIM on the shared corpus, validated on its dev pairs
     python -m recipes.train --config recipes/configs/shared.json --config recipes/configs/tim.json --out runs/tim

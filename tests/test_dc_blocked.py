@@ -65,6 +65,19 @@ def test_training_examples_are_the_inner_examples_through_the_blocker(tmp_path: 
         )
 
 
+@pytest.mark.parametrize("n", [1, 255, 256, 257, 64000, 16000 * 60 + 17])
+def test_the_training_form_of_the_blocker_is_the_engines_filter(n: int) -> None:
+    """dc_blocked (O(n), for the loader) against the engines' block products, over lengths around a block and
+    a minute of audio with a large offset: equal to float32 rounding, and from silence (no state carried in)."""
+    wav = (0.3 * np.random.default_rng(n).standard_normal(n) + 0.5).astype(np.float32)
+    out = dc_blocked(wav)
+    assert out.dtype == np.float32 and out.shape == wav.shape
+    np.testing.assert_allclose(out, remove_dc(wav[None], 256)[0], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+        dc_blocked(wav.astype(np.float64)), remove_dc(wav[None].astype(np.float64), 256)[0], rtol=0, atol=1e-9
+    )
+
+
 @torch.no_grad()
 def test_validation_feeds_the_blocked_input_and_scores_si_sdr_against_the_clean_file(tmp_path: Path) -> None:
     torch.manual_seed(0)
