@@ -144,9 +144,10 @@ class StreamingEnhancer:
         raw = np.concatenate([st.pending, chunk.astype(np.float64, copy=False)], axis=1)
         whole = raw.shape[1] if final else raw.shape[1] - raw.shape[1] % hop
         st.pending = raw[:, whole:]
-        st.buffer = np.concatenate(
-            [st.buffer, block_dc(raw[:, :whole], st.dc, hop).astype(np.float32)], axis=1
-        )
+        if whole:  # chunks shorter than a hop mostly add nothing: no copy of the buffer for them
+            st.buffer = np.concatenate(
+                [st.buffer, block_dc(raw[:, :whole], st.dc, hop).astype(np.float32)], axis=1
+            )
 
     @torch.inference_mode()
     def _advance(self, final: bool, max_frames: int | None = None) -> np.ndarray:

@@ -15,33 +15,19 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from enhance.dc_blocker import GAIN, POLE
+from enhance.dc_blocker import remove_dc
+from enhance.stft import STFTConfig
 from recipes.mixing import MixingDataset
 from recipes.paired import PairedDataset
 
-BLOCK = (
-    256  # samples per block (any size gives the same filter; R**-BLOCK stays small, so no precision is lost)
-)
-_POWERS = POLE ** np.arange(BLOCK)  # R**i
+HOP = (
+    STFTConfig().hop_length
+)  # the engines filter in hop-aligned blocks: the same samples as they give the model
 
 
 def dc_blocked(wav: np.ndarray) -> np.ndarray:
-    """A 1-D signal through the blocker from silence, same dtype: the engines' filter (``enhance.dc_blocker``),
-    in float64, computed in O(n) (each block's response from rest as a scaled cumulative sum, the carried state
-    added after) instead of the engines' matrix product per block, which keeps the streaming engine bit-for-bit
-    equal to the offline one but costs about 3 ms per 4-s segment (a GPU run's loader fills thousands of segments
-    a second). The two agree to float32 rounding (tested)."""
-    n = wav.shape[-1]
-    blocks = -(-n // BLOCK)
-    x = np.zeros(blocks * BLOCK)
-    x[:n] = wav
-    d = (np.diff(x, prepend=0.0) * GAIN).reshape(blocks, BLOCK)
-    y = np.cumsum(d / _POWERS, axis=1) * _POWERS  # y[i] = sum_j<=i R**(i-j) d[j], per block from rest
-    start = np.zeros(blocks)  # each block's starting state: the output just before it
-    for k in range(1, blocks):
-        start[k] = y[k - 1, -1] + start[k - 1] * _POWERS[-1] * POLE
-    y += start[:, None] * (_POWERS * POLE)
-    return y.reshape(-1)[:n].astype(wav.dtype)
+    """A 1-D signal through the blocker from silence, same dtype."""
+    return remove_dc(wav[None], HOP)[0]
 
 
 class DCBlockedDataset(torch.utils.data.Dataset):

@@ -49,13 +49,9 @@ def test_training_examples_are_the_inner_examples_through_the_blocker(tmp_path: 
     for key in ((0, 0), (4, 1)):
         (noisy, clean), (raw_noisy, raw_clean) = blocked[key], inner[key]
         assert noisy.dtype == clean.dtype == torch.float32
-        # as the engines filter a file: from its first sample, the same filter (to float32 rounding)
-        np.testing.assert_allclose(
-            noisy.numpy(), remove_dc(raw_noisy.numpy()[None], 256)[0], rtol=0, atol=1e-7
-        )
-        np.testing.assert_allclose(
-            clean.numpy(), remove_dc(raw_clean.numpy()[None], 256)[0], rtol=0, atol=1e-7
-        )
+        # as the engines filter a file: from its first sample, in hop-aligned blocks (the same samples)
+        np.testing.assert_array_equal(noisy.numpy(), remove_dc(raw_noisy.numpy()[None], 256)[0])
+        np.testing.assert_array_equal(clean.numpy(), remove_dc(raw_clean.numpy()[None], 256)[0])
         # the offset is in what the inner recipe reads and gone once the blocker settles (about 30 ms)
         assert raw_noisy[4000:].mean().item() == pytest.approx(OFFSET, abs=0.01)
         assert abs(noisy[4000:].mean().item()) < 1e-3
@@ -63,19 +59,6 @@ def test_training_examples_are_the_inner_examples_through_the_blocker(tmp_path: 
         np.testing.assert_allclose(
             (noisy - clean).numpy(), dc_blocked((raw_noisy - raw_clean).numpy()), atol=1e-6
         )
-
-
-@pytest.mark.parametrize("n", [1, 255, 256, 257, 64000, 16000 * 60 + 17])
-def test_the_training_form_of_the_blocker_is_the_engines_filter(n: int) -> None:
-    """dc_blocked (O(n), for the loader) against the engines' block products, over lengths around a block and
-    a minute of audio with a large offset: equal to float32 rounding, and from silence (no state carried in)."""
-    wav = (0.3 * np.random.default_rng(n).standard_normal(n) + 0.5).astype(np.float32)
-    out = dc_blocked(wav)
-    assert out.dtype == np.float32 and out.shape == wav.shape
-    np.testing.assert_allclose(out, remove_dc(wav[None], 256)[0], rtol=0, atol=1e-6)
-    np.testing.assert_allclose(
-        dc_blocked(wav.astype(np.float64)), remove_dc(wav[None].astype(np.float64), 256)[0], rtol=0, atol=1e-9
-    )
 
 
 @torch.no_grad()

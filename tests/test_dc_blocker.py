@@ -18,10 +18,11 @@ from tests.conftest import ROOT
 HOP = 256
 
 
-def test_it_is_the_first_order_recursion() -> None:
-    """The block form against the textbook loop, y[n] = g (x[n] - x[n-1]) + R y[n-1], on a signal whose length
-    is not a multiple of the block."""
-    x = np.random.default_rng(0).standard_normal((2, 1000)) + 0.3
+@pytest.mark.parametrize("n", [1, 255, 256, 257, 1000, 16000 * 60 + 17])
+def test_it_is_the_first_order_recursion(n: int) -> None:
+    """The block form against the textbook loop, y[n] = g (x[n] - x[n-1]) + R y[n-1], on signals around a block
+    long and a minute long (lengths that are not multiples of the block too)."""
+    x = np.random.default_rng(n).standard_normal((2, n)) + 0.3
     pole = math.exp(-2 * math.pi * CUTOFF_HZ / 16000)
     gain = (1 + pole) / 2
     want = np.zeros_like(x)
