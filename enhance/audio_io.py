@@ -29,6 +29,9 @@ OPUS_RATES = frozenset({8000, 12000, 16000, 24000, 48000})
 VORBIS_MAX_RATE = 200_000  # libsndfile 1.2's Vorbis encoder crashes the process (SIGSEGV) above this
 FLAC_MAX_RATE = 655_350  # the format's limit: libsndfile refuses to open a FLAC output above it
 MP3_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)  # MPEG-1, -2 and -2.5 Layer III
+# input rates enhanced (CLI, server, recipes): below 1 kHz a file is not speech the 16 kHz model can use, and
+# 768 kHz is the highest rate audio interfaces record
+MIN_RATE, MAX_RATE = 1000, 768_000
 MAX_FLOAT_SAMPLE = 1000.0  # float samples beyond this are not audio (the STFT of 3e38 overflows to NaN)
 # file name suffixes treated as audio when scanning folders (CLI inputs, corpora, test sets)
 AUDIO_SUFFIXES = frozenset(
@@ -100,10 +103,18 @@ def read_blocks(f: sf.SoundFile, blocksize: int) -> Iterator[np.ndarray]:
 UNKNOWN_LENGTH = 2**63 - 1  # libsndfile's frame count for a header without a length (SF_COUNT_MAX)
 
 
-def check_header(name: str, frames: int, channels: int | None = None) -> None:
+def rate_range_error(rate: int) -> str | None:
+    """Why input audio at ``rate`` Hz is not enhanced (None: it is): outside :data:`MIN_RATE`-:data:`MAX_RATE`."""
+    if MIN_RATE <= rate <= MAX_RATE:
+        return None
+    return f"sample rate {rate} Hz is outside the {MIN_RATE}-{MAX_RATE} Hz that are enhanced"
+
+
+def check_header(name: str, frames: int, channels: int | None = None, rate: int | None = None) -> None:
     """Refuse what a file's header already shows cannot be enhanced (raises :class:`AudioError`): no length (a
     FLAC encoded to a pipe can leave total_samples at 0: libsndfile then reports the largest count and fails at
-    the first read), and, when ``channels`` is given, more than :data:`MAX_CHANNELS`."""
+    the first read), and, when given, more than :data:`MAX_CHANNELS` ``channels`` or a ``rate`` outside
+    :func:`rate_range_error`'s range."""
     if frames == UNKNOWN_LENGTH:
         raise AudioError(
             f"{name}: its header gives no length (a FLAC encoded to a pipe?), which libsndfile cannot read; "
@@ -111,6 +122,9 @@ def check_header(name: str, frames: int, channels: int | None = None) -> None:
         )
     if channels is not None and channels > MAX_CHANNELS:
         raise AudioError(f"{name}: {channels} channels (at most {MAX_CHANNELS} are enhanced)")
+    problem = None if rate is None else rate_range_error(rate)
+    if problem:
+        raise AudioError(f"{name}: {problem}")
 
 
 def read_info(source: Source) -> AudioInfo:
@@ -144,7 +158,7 @@ def load_audio(source: Source) -> tuple[np.ndarray, AudioInfo]:
     try:
         with sf.SoundFile(src) as f:
             info = AudioInfo(f.samplerate, f.channels, f.frames, f.format, f.subtype)
-            check_header(name, info.frames, info.channels)
+            check_header(name, info.frames, info.channels, info.sample_rate)
             data = read_frames(f)
     except AudioError:
         raise  # already says what is wrong (it is a ValueError too)

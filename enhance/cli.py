@@ -36,7 +36,7 @@ from typing import Any, BinaryIO
 import soundfile as sf
 import torch
 
-from enhance.audio_io import AUDIO_SUFFIXES, AudioError, fs_path, nearest_existing, output_format
+from enhance.audio_io import AUDIO_SUFFIXES, MIN_RATE, AudioError, fs_path, nearest_existing, output_format
 from enhance.backends import BACKENDS, REDUCED_PRECISION, streaming_backend
 from enhance.device import usable_device
 from enhance.files import FileResult, enhance_bytes, enhance_file, new_output
@@ -173,7 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--pcm", choices=["s16le", "f32le"], help="raw pipe sample format (default s16le)")
     s.add_argument(
-        "--rate", type=_ranged(1000, 384000), help="raw pipe sample rate, 1000-384000 Hz (default 16000)"
+        "--rate",
+        type=_ranged(MIN_RATE, 384000),
+        help=f"raw pipe sample rate, {MIN_RATE}-384000 Hz (default 16000)",
     )
     s.add_argument("--channels", type=_ranged(1, 64), help="raw pipe channels, 1-64 (default 1)")
     p.add_argument(

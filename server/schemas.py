@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from enhance.audio_io import MIN_RATE
+
 
 class ErrorDetail(BaseModel):
     code: str = Field(description="stable machine-readable reason", examples=["invalid_audio"])
@@ -141,7 +143,7 @@ class StreamStart(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    sample_rate: int = Field(16000, ge=1000, le=384000)
+    sample_rate: int = Field(16000, ge=MIN_RATE, le=384000)
     channels: int = Field(1, ge=1, le=8)
     format: Literal["s16le", "f32le"] = "s16le"
     model: str | None = None

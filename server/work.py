@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from enhance.audio_io import AudioError, AudioInfo, codec_rate_error, read_info
+from enhance.audio_io import AudioError, AudioInfo, codec_rate_error, rate_range_error, read_info
 from enhance.competition_map import entropy, frame_times, save_competition_map
 from enhance.files import FileResult, enhance_bytes
 from server.audio import OUTPUT_FORMATS, file_rms_dbfs
@@ -25,7 +25,6 @@ from server.errors import ApiError, without_paths
 from server.jobs import Job
 from server.registry import LoadedModel
 
-MIN_RATE, MAX_RATE = 1000, 768000
 _PLOT_LOCK = threading.Lock()  # pyplot is not thread-safe
 
 
@@ -51,12 +50,9 @@ def inspect_upload(data: bytes, name: str, limits: Limits) -> AudioInfo:
     except AudioError as exc:
         # no header libsndfile knows: a client may convert the file and retry (the web page does)
         raise ApiError(422, "unsupported_format", _reason(exc, name)) from None
-    if not MIN_RATE <= info.sample_rate <= MAX_RATE:
-        raise ApiError(
-            422,
-            "unsupported_sample_rate",
-            f"{name}: sample rate {info.sample_rate} Hz outside {MIN_RATE}-{MAX_RATE}",
-        )
+    problem = rate_range_error(info.sample_rate)
+    if problem:  # the CLI says the same (enhance.audio_io.check_header)
+        raise ApiError(422, "unsupported_sample_rate", f"{name}: {problem}")
     if info.channels > limits.max_channels:
         raise ApiError(
             422, "too_many_channels", f"{name}: {info.channels} channels; the limit is {limits.max_channels}"

@@ -203,6 +203,8 @@ def _bad_files(d: Path) -> dict[str, tuple[Path, str]]:
     sf.write(d / "nan_late.wav", late, 16000, subtype="FLOAT")
     files["nan-late"] = (d / "nan_late.wav", "NaN or infinite")
     files["missing"] = (d / "missing.wav", "no such file")
+    sf.write(d / "rate_500.wav", noisy(1.0, 500), 500)  # the server refuses it too (unsupported_sample_rate)
+    files["500 Hz"] = (d / "rate_500.wav", "sample rate 500 Hz is outside the 1000-768000 Hz")
     return files
 
 

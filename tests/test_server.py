@@ -391,6 +391,20 @@ def test_ogg_output_above_200_khz_is_refused_and_the_server_lives(client: httpx.
     assert "FLAC takes audio up to 655350 Hz" in err["message"] and "format=wav" in err["message"], err
 
 
+def test_sample_rates_outside_the_range_are_refused_before_decoding(client: httpx.Client) -> None:
+    """Below 1 kHz and above 768 kHz: 422 unsupported_sample_rate, the message the CLI prints for the same file
+    (enhance.audio_io.rate_range_error); the edges themselves are enhanced."""
+    for rate in (500, 999, 768001):
+        body = {"content": wav_bytes(noisy(0.05, rate), rate), "headers": {"Content-Type": WAV}}
+        err = _error(client.post("/v1/enhance", **body), 422, "unsupported_sample_rate")
+        assert f"sample rate {rate} Hz is outside the 1000-768000 Hz" in err["message"], err
+    for rate in (1000, 768000):
+        ok = client.post(
+            "/v1/enhance", content=wav_bytes(noisy(0.05, rate), rate), headers={"Content-Type": WAV}
+        )
+        assert ok.status_code == 200 and sf.info(io.BytesIO(ok.content)).samplerate == rate
+
+
 def test_a_flac_without_length_is_unsupported_format(client: httpx.Client) -> None:
     """A FLAC encoded to a pipe (total_samples 0): libsndfile reports 2**63 - 1 frames, and it was refused as
     413 audio_too_long ("576460752303423.5 s"). Now: 422 unsupported_format, which the web page answers by
