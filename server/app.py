@@ -30,7 +30,7 @@ from server.errors import install_handlers
 from server.jobs import JobRunner
 from server.metrics import Metrics
 from server.registry import Loader, ModelStore, load_models, public_load_error
-from server.routes import router, v1
+from server.routes import answer_head, router, v1
 from server.stream import stream_endpoint
 
 log = logging.getLogger("server")
@@ -193,6 +193,7 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
         app.mount("/static", RevalidatedFiles(directory=STATIC_DIR), name="static")
     else:  # an install without the package data: the API still works
         log.warning("web page not installed (%s missing); serving the API only", STATIC_DIR)
+    answer_head(app.router)
     if config.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -8,6 +8,7 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 
 from enhance.audio_io import AudioInfo
 from server.audio import OUTPUT_FORMATS, download_disposition, negotiate_audio_format, safe_stem
@@ -277,17 +278,6 @@ async def healthz() -> HealthResponse:
     return HealthResponse()
 
 
-# Load balancers and uptime checkers often probe with HEAD. Kept out of the schema (GET documents the probes).
-@router.head("/healthz", include_in_schema=False)
-async def healthz_head() -> Response:
-    return Response(status_code=200)
-
-
-@router.head("/readyz", include_in_schema=False)
-async def readyz_head(request: Request) -> Response:
-    return Response(status_code=200 if request.app.state.store.status == "ready" else 503)
-
-
 @router.get(
     "/readyz",
     response_model=ReadyResponse,
@@ -310,3 +300,26 @@ async def readyz(request: Request) -> JSONResponse:
 )
 async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+def answer_head(routes: APIRouter) -> None:
+    """Let every GET route of ``routes`` that has no HEAD answer HEAD too (uptime checkers, load balancers and
+    ``curl -I`` send it; FastAPI said 405): a twin with the same endpoint and dependencies (so the API key still
+    applies), kept out of the schema. The server sends a HEAD response's headers without its body."""
+    inherited = len(routes.dependencies)  # add_api_route adds the router's own again
+    for route in list(routes.routes):
+        if isinstance(route, APIRoute) and route.methods == {"GET"}:
+            routes.add_api_route(
+                route.path.removeprefix(routes.prefix),
+                route.endpoint,
+                methods=["HEAD"],
+                dependencies=route.dependencies[inherited:],
+                response_model=route.response_model,
+                response_class=route.response_class,
+                include_in_schema=False,
+                name=f"{route.name}_head",
+            )
+
+
+answer_head(router)
+answer_head(v1)

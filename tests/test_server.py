@@ -120,9 +120,10 @@ def _metric(text: str, name: str, **labels: str) -> float:
 
 def test_health_ready_and_models(client: httpx.Client) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
-    for probe in ("/healthz", "/readyz"):  # load balancers probe with HEAD
-        head = client.head(probe)
-        assert head.status_code == 200 and head.content == b""
+    for probe in ("/healthz", "/readyz", "/metrics", "/v1/models", "/favicon.ico", "/openapi.json"):
+        head = client.head(probe)  # load balancers and uptime checkers probe with HEAD (it was 405 on 3 of these)
+        assert head.status_code == 200 and head.content == b"", probe
+        assert head.headers["content-type"] == client.get(probe).headers["content-type"], probe
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
     models = client.get("/v1/models").json()["models"]
@@ -1220,6 +1221,8 @@ def test_api_key_and_cors(checkpoint: Path) -> None:
         for open_path in ("/healthz", "/readyz", "/metrics", "/", "/openapi.json"):
             assert c.get(open_path).status_code == 200, open_path
         _error(c.get("/v1/models"), 401, "unauthorized")
+        assert c.head("/v1/models").status_code == 401  # HEAD takes the same key as GET
+        assert c.head("/v1/models", headers={"X-API-Key": "s3cret"}).status_code == 200
         _error(c.get("/v1/models", headers={"X-API-Key": "wrong"}), 401, "unauthorized")
         _error(c.get("/v1/models", headers={"Authorization": "Basic s3cret"}), 401, "unauthorized")
         assert c.get("/v1/models", headers={"X-API-Key": "s3cret"}).status_code == 200
