@@ -30,12 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from machine import command_line, cpu_summary  # noqa: E402  (bench/machine.py)
+from model_arg import add_model_args, load_model  # noqa: E402  (bench/model_arg.py)
 
 from bench.bench_streaming import test_signal  # noqa: E402
 from enhance.backends import streaming_backend  # noqa: E402
 from enhance.streaming import StreamingEnhancer  # noqa: E402
-from models.checkpoint import load_checkpoint  # noqa: E402
-from models.pretrained import load_pretrained  # noqa: E402
 from recipes.run_folder import write_text  # noqa: E402
 
 T = TypeVar("T")
@@ -73,9 +72,7 @@ def rtf(engine: StreamingEnhancer, x: np.ndarray, chunk: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument("--checkpoint")
-    g.add_argument("--model", default="default")
+    add_model_args(ap)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=3, help="passes per chunk size and backend (fastest kept)")
     ap.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated (default: %(default)s)")
@@ -85,7 +82,7 @@ def main() -> int:
     if unknown:  # a typo is a usage error, not a "Not run" row
         ap.error(f"unknown backend(s) {', '.join(unknown)}; known: {', '.join(BACKENDS)}")
     torch.set_num_threads(1)
-    ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
+    ck = load_model(args)
     model = ck.model.eval()
     x = test_signal(args.seconds)[None]
     load_before = os.getloadavg()[0]

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import soxr
+from model_arg import add_model_args, load_model  # bench/ is on sys.path when run as a script
 
 from enhance.audio_io import MODEL_RATE, fit_length, load_audio
 from enhance.offline import enhance_audio
@@ -103,15 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", required=True, help="a paired test set (dev, DNS or VoiceBank layout)")
     ap.add_argument("--out", type=Path, required=True)
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument("--model", default="default")
-    g.add_argument("--checkpoint")
+    add_model_args(ap)
     ap.add_argument("--limit", type=int, default=0, help="the first N pairs only (0: all)")
     args = ap.parse_args(argv)
     import torch
-
-    from models.checkpoint import load_checkpoint
-    from models.pretrained import load_pretrained
 
     torch.set_num_threads(1)
     try:
@@ -120,9 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(exc))
     if args.limit:
         pairs = pairs[: args.limit]
-    model = (
-        load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
-    ).model.eval()
+    model = load_model(args).model.eval()
     rows = []
     synthetic = 0
     for pair in pairs:

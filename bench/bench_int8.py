@@ -53,14 +53,13 @@ import torch
 from bench_chunk_sizes import fastest_alternating, rtf
 from bench_streaming import test_signal
 from machine import cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
+from model_arg import add_model_args, load_model, model_label
 
 from enhance.audio_io import load_mono_16k
 from enhance.native_backend import NativeStepper
 from enhance.onnx_backend import OnnxStepper, onnx_stepper
 from enhance.streaming import StreamingEnhancer
-from models.checkpoint import load_checkpoint
 from models.enhancer import Enhancer
-from models.pretrained import load_pretrained
 from recipes.evaluate import write_csv
 from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics
 from recipes.pairs import Pair, discover_pairs
@@ -126,9 +125,7 @@ def example_pairs() -> list[Pair]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument("--model", default="default")
-    g.add_argument("--checkpoint")
+    add_model_args(ap)
     ap.add_argument("--backend", choices=sorted(REDUCED), default="onnxruntime-int8")
     ap.add_argument("--pairs", help="folder of noisy/clean pairs (default: examples/noisy.wav and clean.wav)")
     ap.add_argument("--limit", type=int, default=120, help="score at most this many pairs")
@@ -143,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     default_out = "int8" if args.backend == "onnxruntime-int8" else args.backend
     out = Path(args.out or ROOT / "bench" / "results" / default_out)
     torch.set_num_threads(1)
-    ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
+    ck = load_model(args)
     model: Enhancer = ck.model.float().eval()
     if args.pairs:
         try:
@@ -224,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"{args.backend} against {base} (float32) streaming step, {time.strftime('%Y-%m-%d %H:%M')}, "
         f"{cpu_summary()}, one thread; model "
-        f"{args.checkpoint or repr(args.model)}. Load average before the run: {load_before:.2f}.",
+        f"{model_label(args)}. Load average before the run: {load_before:.2f}.",
         "",
         f"Command: `{cmd.strip()}`",
         "",

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 from machine import command_line, cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
+from model_arg import add_model_args, model_cli_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,9 +85,7 @@ def run_cli(
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument("--checkpoint")
-    g.add_argument("--model", default="default")
+    add_model_args(ap)
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeats", type=int, default=3)
@@ -100,8 +99,7 @@ def main() -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    model_args = ["--checkpoint", args.checkpoint] if args.checkpoint else ["--model", args.model]
-    model_args += ["--device", args.device]
+    model_args = [*model_cli_args(args), "--device", args.device]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         # the memory run first: getrusage(RUSAGE_CHILDREN) reports the largest child so far

@@ -59,6 +59,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_quality  # bench/ is not a package: on sys.path above
+from model_arg import add_model_args, load_model, model_label
 
 from enhance.audio_io import load_mono_16k
 from enhance.dc_blocker import remove_dc
@@ -276,9 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--pairs", required=True, help="a folder of noisy/clean pairs (any layout recipes.pairs knows)"
     )
     ap.add_argument("--limit", type=int, default=40, help="use the first N pairs (default 40)")
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument("--model", default="default", help="a bundled model (default: default)")
-    g.add_argument("--checkpoint", help="a checkpoint file instead of a bundled model")
+    add_model_args(ap)
     ap.add_argument(
         "--filters", default=DEFAULT_FILTERS, help="';'-separated post-filters (see the docstring)"
     )
@@ -299,10 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from models import load_checkpoint
-    from models.pretrained import load_pretrained
-
-    ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
+    ck = load_model(args)
     model = ck.model.eval()
     model.set_max_attenuation(None)  # the post-filters apply any limit
     peer_names = [n for n in args.peers.split(",") if n.strip()]
@@ -362,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     lines = [
         f"Post-filter study, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs; model "
-        f"{args.checkpoint or repr(args.model)}; {int(means['noisy']['n_files']) if means else 0} pairs scored under `{args.pairs}`.",
+        f"{model_label(args)}; {int(means['noisy']['n_files']) if means else 0} pairs scored under `{args.pairs}`.",
         "",
         f"Command: `{' '.join(['python', *map(shlex.quote, [sys.argv[0], *(argv or sys.argv[1:])])])}`",
         "",

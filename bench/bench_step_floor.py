@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 from machine import command_line, cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
+from model_arg import add_model_args, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,9 +73,7 @@ def shrunk(cfg: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument("--model", default="default")
-    g.add_argument("--checkpoint")
+    add_model_args(ap)
     ap.add_argument("--calls", type=int, default=200, help="calls per timed batch")
     ap.add_argument("--compile", action="store_true", help="also time the step compiled with torch.compile")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "step-floor.md"))
@@ -85,13 +84,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from enhance.backends import streaming_backend
     from enhance.streaming import StreamingEnhancer
-    from models.checkpoint import load_checkpoint
     from models.enhancer import Enhancer
     from models.group_linear import GroupLinear
-    from models.pretrained import load_pretrained
 
     torch.set_num_threads(1)
-    ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
+    ck = load_model(args)
     model = ck.model.float().eval()
     hop_ms = 1000.0 * model.cfg.stft.hop_length / model.cfg.stft.sample_rate
     rows: list[tuple[str, float, int]] = []  # (what, seconds per call, frames per call)

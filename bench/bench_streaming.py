@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 from machine import command_line, cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
+from model_arg import add_model_args, load_model, model_cli_args
 
 ROOT = Path(__file__).resolve().parents[1]
 # our systems: the streaming backend each runs (enhance.backends) and the hops fed per call
@@ -70,7 +71,7 @@ def lag_of(x: np.ndarray, y: np.ndarray, max_lag: int) -> int:
     return int(np.argmax(scores))
 
 
-def run_system(name: str, seconds: float, model_args: dict[str, str]) -> dict:
+def run_system(name: str, seconds: float, model: argparse.Namespace) -> dict:
     import soxr
 
     x16 = test_signal(seconds)
@@ -80,15 +81,9 @@ def run_system(name: str, seconds: float, model_args: dict[str, str]) -> dict:
 
         from enhance.backends import streaming_backend
         from enhance.streaming import StreamingEnhancer
-        from models.checkpoint import load_checkpoint
-        from models.pretrained import load_pretrained
 
         torch.set_num_threads(1)
-        ck = (
-            load_checkpoint(model_args["checkpoint"])
-            if model_args.get("checkpoint")
-            else load_pretrained(model_args["model"])
-        )
+        ck = load_model(model)
         kind, hops = OURS[name]
         engine = StreamingEnhancer(ck.model, backend=streaming_backend(ck.model, kind, threads=1))
         step, rate = ck.config.stft.hop_length, ck.config.stft.sample_rate
@@ -151,9 +146,7 @@ def run_system(name: str, seconds: float, model_args: dict[str, str]) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument("--checkpoint")
-    g.add_argument("--model", default="default")
+    add_model_args(ap)
     ap.add_argument("--seconds", type=float, default=20.0, help="audio per run (default %(default)s)")
     ap.add_argument(
         "--rounds",
@@ -169,16 +162,14 @@ def main() -> int:
     )
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    model_args = {"checkpoint": args.checkpoint or "", "model": args.model}
     if args.one:  # one system's run, in its own process (below)
-        print(json.dumps(run_system(args.one, args.seconds, model_args)))
+        print(json.dumps(run_system(args.one, args.seconds, args)))
         return 0
     # the model loads here first: a bad one is a usage error, not ten "not run" rows and exit 0
-    from models import CheckpointError, load_checkpoint
-    from models.pretrained import load_pretrained
+    from models import CheckpointError
 
     try:
-        load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
+        load_model(args)
     except (CheckpointError, OSError, ValueError, KeyError) as exc:
         ap.error(f"the model: {exc}")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -190,7 +181,7 @@ def main() -> int:
             if name in failed:
                 continue
             cmd = [sys.executable, __file__, "--one", name, "--seconds", str(args.seconds)]
-            cmd += ["--checkpoint", args.checkpoint] if args.checkpoint else ["--model", args.model]
+            cmd += model_cli_args(args)
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if proc.returncode != 0:
                 failed[name] = (proc.stderr.strip().splitlines() or ["failed"])[-1][:120]

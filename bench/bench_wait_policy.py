@@ -24,6 +24,7 @@ from pathlib import Path
 
 from bench_offline import ROOT, make_file, run_cli
 from machine import command_line, cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
+from model_arg import add_model_args, model_cli_args
 
 sys.path.insert(0, str(ROOT))
 from recipes.run_folder import write_text  # (after the path: the repository root, when run as a script)
@@ -34,14 +35,12 @@ DEFAULT, PASSIVE = "", "PASSIVE"
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument("--checkpoint")
-    g.add_argument("--model", default="default")
+    add_model_args(ap)
     ap.add_argument("--seconds", type=float, default=60.0, help="audio per run (default %(default)s)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per case, policies alternating (default 3)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "wait-policy.md")
     args = ap.parse_args()
-    model_args = ["--checkpoint", args.checkpoint] if args.checkpoint else ["--model", args.model]
+    model_args = model_cli_args(args)
     cores = os.cpu_count() or 1
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
