@@ -1,20 +1,25 @@
-"""``--device`` of enhance-cli and enhance-server: a torch device this process can really use, checked before any
-work (the server once started "healthy" on ``--device cuda`` without CUDA and then refused every request)."""
+"""``--device`` of enhance-cli, enhance-server, tim-train and tim-evaluate: a torch device this process can really
+use, checked before any work (the server once started "healthy" on ``--device cuda`` without CUDA and then refused
+every request)."""
 
 from __future__ import annotations
 
 import torch
 
 
-def usable_device(text: str) -> torch.device:
+def usable_device(text: str, *, auto: bool = False) -> torch.device:
     """``cpu``, ``cuda``, ``cuda:N`` or ``mps`` as a :class:`torch.device`; ``ValueError`` with one line saying why
-    not otherwise (PyTorch's own message lists two dozen device types)."""
+    not otherwise (PyTorch's own message lists two dozen device types). ``auto`` (training): also ``auto``, the
+    first CUDA device when there is one, else the CPU."""
+    choices = f"use {'auto, ' if auto else ''}cpu, cuda or cuda:N (or mps)"
+    if auto and text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(text)
     except RuntimeError:
-        raise ValueError(f"--device {text}: use cpu, cuda or cuda:N (or mps)") from None
+        raise ValueError(f"--device {text}: {choices}") from None
     if device.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"--device {text}: use cpu, cuda or cuda:N (or mps)")
+        raise ValueError(f"--device {text}: {choices}")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {text}: no CUDA device here (this PyTorch: {torch.__version__})")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():

@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from enhance.audio_io import MODEL_RATE, load_mono_16k
 from enhance.cli import attenuation_db
+from enhance.device import usable_device
 from enhance.errors import EnhanceError
 from enhance.offline import enhance_waveform
 from models import CheckpointError, Enhancer, get_config, load_checkpoint
@@ -288,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_model(args: argparse.Namespace) -> Enhancer:
     """The model the arguments ask for, on ``args.device`` (raises CheckpointError / KeyError)."""
-    device = torch.device(args.device)
+    device = usable_device(args.device)
     if args.checkpoint is not None:
         model = load_checkpoint(args.checkpoint, map_location=device).model
     else:
@@ -308,9 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         problem = out_folder_problem(args.out) or metrics_problem(not args.no_dnsmos)  # before the work
         if problem:
             raise ValueError(problem)
-        from recipes.trainer import pick_device
-
-        pick_device(args.device, 0)  # ValueError for cuda without CUDA, as tim-train gives
+        usable_device(args.device)  # ValueError for cuda without CUDA, as tim-train gives
         found = discover_pairs(args.pairs)
         model = load_model(args)
     except (ValueError, KeyError, CheckpointError, RuntimeError) as exc:

@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from enhance.device import usable_device
 from enhance.stft import linear_magnitude, log_magnitude, rebuild, stft
 from models.checkpoint import load_checkpoint, load_state_strict, save_checkpoint
 from models.config_io import from_dict, to_dict
@@ -207,14 +208,11 @@ def cfg_seed_for(seed: int, rank: int, step: int) -> int:
 
 
 def pick_device(name: str, local_rank: int) -> torch.device:
-    if name == "auto":
-        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    try:
-        device = torch.device(f"cuda:{local_rank}" if name == "cuda" else name)
-    except RuntimeError:
-        raise ValueError(f"device '{name}': expected auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device '{name}': this PyTorch sees no CUDA GPU (use auto or cpu)")
+    """The training device (:func:`enhance.device.usable_device`, with ``auto``); ``auto`` and ``cuda`` mean this
+    process's own GPU under torchrun (``cuda:LOCAL_RANK``)."""
+    device = usable_device(name, auto=True)
+    if device.type == "cuda" and device.index is None:
+        return usable_device(f"cuda:{local_rank}")
     return device
 
 

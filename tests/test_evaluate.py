@@ -300,6 +300,11 @@ def test_main_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[st
     (tmp_path / "a-file").write_text("x")  # found before the evaluation runs, not after it
     assert main(["--model-config", "tiny", "--pairs", str(data), "--out", str(tmp_path / "a-file")]) == 2
     assert "exists and is not a folder" in capsys.readouterr().err
+    tiny = ["--model-config", "tiny", "--pairs", str(data), "--out", str(tmp_path / "o")]
+    # "auto" passed the check, then failed in torch.device with its own message
+    for device in ("auto", "gpu"):
+        assert main([*tiny, "--device", device]) == 2
+        assert f"--device {device}: use cpu, cuda or cuda:N (or mps)" in capsys.readouterr().err
     # nothing could be scored: exit 1 and the folder's earlier reports are kept (they were replaced by empty ones,
     # which recipes.compare then reused as a fresh evaluation)
     out = tmp_path / "kept"

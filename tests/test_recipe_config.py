@@ -124,11 +124,15 @@ def test_audio_folders_are_listed_through_symlinks(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
 def test_cuda_without_cuda_and_unknown_devices_are_errors() -> None:
-    with pytest.raises(ValueError, match="sees no CUDA GPU"):
+    with pytest.raises(ValueError, match="no CUDA device here"):
         pick_device("cuda", 0)
-    with pytest.raises(ValueError, match="expected auto, cpu, cuda or cuda:N"):
-        pick_device("gpu", 0)
+    with pytest.raises(ValueError, match="no CUDA device here"):
+        pick_device("cuda:1", 1)
+    for bad in ("gpu", "meta", "cuda:x"):  # meta was taken and failed later, at the first tensor
+        with pytest.raises(ValueError, match="use auto, cpu, cuda or cuda:N"):
+            pick_device(bad, 0)
     assert pick_device("cpu", 0).type == "cpu"
+    assert pick_device("auto", 1) == torch.device("cpu")
 
 
 def test_a_truncated_training_state_is_a_clear_error(tmp_path: Path) -> None:

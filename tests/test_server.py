@@ -121,7 +121,9 @@ def _metric(text: str, name: str, **labels: str) -> float:
 def test_health_ready_and_models(client: httpx.Client) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     for probe in ("/healthz", "/readyz", "/metrics", "/v1/models", "/favicon.ico", "/openapi.json"):
-        head = client.head(probe)  # load balancers and uptime checkers probe with HEAD (it was 405 on 3 of these)
+        head = client.head(
+            probe
+        )  # load balancers and uptime checkers probe with HEAD (it was 405 on 3 of these)
         assert head.status_code == 200 and head.content == b"", probe
         assert head.headers["content-type"] == client.get(probe).headers["content-type"], probe
     ready = client.get("/readyz")
