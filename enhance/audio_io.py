@@ -28,6 +28,7 @@ MODEL_RATE = 16000
 OPUS_RATES = frozenset({8000, 12000, 16000, 24000, 48000})
 VORBIS_MAX_RATE = 200_000  # libsndfile 1.2's Vorbis encoder crashes the process (SIGSEGV) above this
 FLAC_MAX_RATE = 655_350  # the format's limit: libsndfile refuses to open a FLAC output above it
+FLAC_MAX_CHANNELS, MP3_MAX_CHANNELS = 8, 2  # the formats' limits, as for the rate
 MP3_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)  # MPEG-1, -2 and -2.5 Layer III
 # input rates enhanced (CLI, server, recipes): below 1 kHz a file is not speech the 16 kHz model can use, and
 # 768 kHz is the highest rate audio interfaces record
@@ -330,10 +331,14 @@ def _umask() -> int:
     return mask
 
 
-def codec_rate_error(fmt: str, subtype: str | None, rate: int) -> str | None:
-    """Why audio at ``rate`` cannot be written in container ``fmt`` with codec ``subtype`` (None: the container's
-    default), found before writing (None: it can): Opus takes five rates, and libsndfile's Vorbis encoder
-    crashes the whole process above :data:`VORBIS_MAX_RATE` instead of failing."""
+def codec_error(fmt: str, subtype: str | None, rate: int, channels: int = 1) -> str | None:
+    """Why audio at ``rate`` with ``channels`` cannot be written in container ``fmt`` with codec ``subtype``
+    (None: the container's default), found before writing (None: it can): Opus takes five rates, libsndfile's
+    Vorbis encoder crashes the whole process above :data:`VORBIS_MAX_RATE` instead of failing, and FLAC and
+    MP3 hold few channels (libsndfile's own error, "Format not recognised", named the temporary file)."""
+    for container, most in (("FLAC", FLAC_MAX_CHANNELS), ("MP3", MP3_MAX_CHANNELS)):
+        if fmt == container and channels > most:
+            return f"{container} holds at most {most} channels and this has {channels}"
     if subtype == "OPUS" and rate not in OPUS_RATES:
         return f"Opus takes 8, 12, 16, 24 or 48 kHz audio and this is {rate} Hz"
     if fmt == "OGG" and subtype in (None, "VORBIS") and rate > VORBIS_MAX_RATE:
@@ -345,13 +350,15 @@ def codec_rate_error(fmt: str, subtype: str | None, rate: int) -> str | None:
     return None
 
 
-def rate_fallback(fmt: str, rate: int) -> str:
-    """The containers to suggest when ``fmt`` cannot hold audio at ``rate`` (after :func:`codec_rate_error`)."""
-    return ".wav" if fmt == "FLAC" or rate > FLAC_MAX_RATE else ".flac or .wav"
+def format_fallback(fmt: str, rate: int, channels: int = 1) -> str:
+    """The containers to suggest when ``fmt`` cannot hold audio at ``rate`` with ``channels`` (after
+    :func:`codec_error`)."""
+    flac_cannot = fmt == "FLAC" or rate > FLAC_MAX_RATE or channels > FLAC_MAX_CHANNELS
+    return ".wav" if flac_cannot else ".flac or .wav"
 
 
-def _check_rate(fmt: str, subtype: str | None, rate: int) -> None:
-    problem = codec_rate_error(fmt, subtype, rate)
+def _check_codec(fmt: str, subtype: str | None, rate: int, channels: int) -> None:
+    problem = codec_error(fmt, subtype, rate, channels)
     if problem:
         raise AudioError(problem)
 
@@ -373,7 +380,7 @@ def save_audio(
     subtype = subtype or implied
     if subtype is not None and not sf.check_format(fmt, subtype):
         subtype = None  # e.g. VORBIS -> WAV: fall back to the container's default
-    _check_rate(fmt, subtype, sample_rate)
+    _check_codec(fmt, subtype, sample_rate, wav.shape[0])
     with atomic_path(path) as tmp:
         sf.write(fs_path(tmp), np.ascontiguousarray(wav.T), sample_rate, format=fmt, subtype=subtype)
 
@@ -384,7 +391,7 @@ def encode_audio(
     """Encode ``[channels, samples]`` float audio to bytes in memory (for HTTP responses and pipes)."""
     if subtype is not None and not sf.check_format(format, subtype):
         subtype = None
-    _check_rate(format, subtype, sample_rate)
+    _check_codec(format, subtype, sample_rate, wav.shape[0])
     buf = io.BytesIO()
     sf.write(buf, np.ascontiguousarray(wav.T), sample_rate, format=format, subtype=subtype)
     return buf.getvalue()

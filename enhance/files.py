@@ -30,10 +30,10 @@ from enhance.audio_io import (
     AudioError,
     atomic_path,
     check_header,
-    codec_rate_error,
+    codec_error,
+    format_fallback,
     fs_path,
     output_format,
-    rate_fallback,
     read_blocks,
     read_info,
     sample_value_error,
@@ -143,10 +143,11 @@ def enhance_stream(
         if subtype is not None and not sf.check_format(fmt, subtype):
             raise AudioError(f"{name}: subtype {subtype} cannot be written in format {fmt}")
         # found now, not as libsndfile's error naming a temporary file (or, for Vorbis, a crash)
-        problem = codec_rate_error(fmt, subtype, rate)
+        problem = codec_error(fmt, subtype, rate, channels)
         if problem:
             raise AudioError(
-                f"{name}: {problem} (outputs keep the input's rate): write {rate_fallback(fmt, rate)} instead"
+                f"{name}: {problem} (outputs keep the input's rate and channels): write "
+                f"{format_fallback(fmt, rate, channels)} instead"
             )
         clip = subtype is None or subtype not in ("FLOAT", "DOUBLE")
         engine = StreamingEnhancer(model, channels, with_competition, backend=backend)

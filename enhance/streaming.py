@@ -99,7 +99,12 @@ class StreamingEnhancer:
         self._maps = []
 
     def competition(self) -> list[np.ndarray]:
-        """Competition maps of every frame of the current (or just flushed) stream: per TIM layer [C, T, n_s]."""
+        """Competition maps of every frame of the current (or just flushed) stream: per TIM layer [C, T, n_s]
+        (with ``with_competition``; T = 0 for a stream too short for a frame, such as one sample at 48 kHz)."""
+        if self.with_competition and not self._maps and self.model.competition_blocks:
+            assert self.model.cfg.tim is not None  # competition blocks are TIM blocks
+            n_s = self.model.cfg.tim.attention.n_groups
+            return [np.zeros((self.channels, 0, n_s), np.float32) for _ in self.model.competition_blocks]
         return [np.concatenate(chunks, axis=1) for chunks in self._maps]
 
     def process(self, chunk: np.ndarray) -> np.ndarray:

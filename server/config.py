@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from enhance.audio_io import MAX_CHANNELS
 from enhance.backends import BACKENDS
 
 MB = 1024 * 1024
@@ -55,6 +56,8 @@ class ServerConfig:
             raise ValueError("max_samples must be positive")
         if self.max_concurrency < 1 or self.max_streams < 0 or self.max_channels < 1:
             raise ValueError("max_concurrency and max_channels must be >= 1, max_streams >= 0")
+        if self.max_channels > MAX_CHANNELS:
+            raise ValueError(f"max_channels: at most {MAX_CHANNELS} (the engine's limit)")
         if min(self.request_timeout_s, self.upload_timeout_s, self.stream_idle_timeout_s) <= 0:
             raise ValueError("timeouts must be positive")
         if self.max_queue < 0 or self.queue_timeout_s < 0:

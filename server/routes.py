@@ -13,6 +13,7 @@ from fastapi.routing import APIRoute
 from enhance.audio_io import AudioInfo
 from server.audio import OUTPUT_FORMATS, download_disposition, negotiate_audio_format, safe_stem
 from server.auth import require_api_key
+from server.errors import ApiError
 from server.jobs import Job
 from server.metrics import CONTENT_TYPE
 from server.registry import LoadedModel
@@ -300,6 +301,17 @@ async def readyz(request: Request) -> JSONResponse:
 )
 async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+@router.get("/v1/stream", include_in_schema=False)
+async def stream_over_http() -> None:
+    """The stream is a WebSocket; a plain GET (a browser's address bar, curl) was told 404 "no such endpoint"."""
+    raise ApiError(
+        426,
+        "websocket_required",
+        "/v1/stream is a WebSocket endpoint: connect with ws:// or wss:// (see the service description at /docs)",
+        headers={"Upgrade": "websocket", "Connection": "Upgrade"},
+    )
 
 
 def answer_head(routes: APIRouter) -> None:

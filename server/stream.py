@@ -199,7 +199,7 @@ def _parse_start(msg: Message) -> StreamStart:
         )
     try:
         data = json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # RecursionError: "[[[[..." nested beyond Python's stack
         raise StreamError("bad_start", "the first message is not valid JSON", POLICY) from None
     if not isinstance(data, dict):
         raise StreamError("bad_start", "the first message must be a JSON object", POLICY)
@@ -434,7 +434,7 @@ async def _process(
             continue
         try:
             message = json.loads(msg.get("text") or "")
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             raise StreamError("bad_message", "text messages must be JSON", UNSUPPORTED_DATA) from None
         if not isinstance(message, dict) or message.get("type") != "end":
             raise StreamError(

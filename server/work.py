@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from enhance.audio_io import AudioError, AudioInfo, codec_rate_error, rate_range_error, read_info
+from enhance.audio_io import AudioError, AudioInfo, codec_error, rate_range_error, read_info
 from enhance.competition_map import entropy, frame_times, save_competition_map
 from enhance.files import FileResult, enhance_bytes
 from server.audio import OUTPUT_FORMATS, file_rms_dbfs
@@ -118,17 +118,17 @@ def _enhance(
 
 
 def check_output(info: AudioInfo, name: str, fmt: str) -> None:
-    """Refuse an output format that cannot hold the input's rate (422), before anything runs."""
-    problem = codec_rate_error(OUTPUT_FORMATS[fmt][0], None, info.sample_rate)
+    """Refuse an output format that cannot hold the input's rate or channels (422), before anything runs."""
+    problem = codec_error(OUTPUT_FORMATS[fmt][0], None, info.sample_rate, info.channels)
     if problem:
         raise ApiError(
             422,
             "unsupported_output",
-            f"{name}: {problem} (the output keeps the input's rate): ask for "
+            f"{name}: {problem} (the output keeps the input's rate and channels): ask for "
             + " or ".join(
                 f"format={other}"
                 for other, (container, _, _) in OUTPUT_FORMATS.items()
-                if codec_rate_error(container, None, info.sample_rate) is None
+                if codec_error(container, None, info.sample_rate, info.channels) is None
             ),
         )
 

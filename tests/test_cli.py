@@ -924,18 +924,55 @@ def test_mp3_output_at_a_rate_mp3_cannot_take(tmp_path: Path, ckpt: str) -> None
     assert proc.returncode == 1, proc.stderr.decode()
     assert (
         b"MP3 takes 8, 11.025, 12, 16, 22.05, 24, 32, 44.1 or 48 kHz audio and this is 96000 Hz (outputs keep the "
-        b"input's rate): write .flac or .wav instead" in proc.stderr
+        b"input's rate and channels): write .flac or .wav instead" in proc.stderr
     ), proc.stderr
     assert b".tmp" not in proc.stderr and list(tmp_path.iterdir()) == [src]
 
 
-def test_a_rate_flac_cannot_hold_suggests_wav_only() -> None:
-    from enhance.audio_io import codec_rate_error, rate_fallback
+@pytest.mark.parametrize(
+    ("channels", "suffix", "says"),
+    [
+        (
+            9,
+            ".flac",
+            b"FLAC holds at most 8 channels and this has 9 (outputs keep the input's rate and channels): "
+            b"write .wav instead",
+        ),
+        pytest.param(
+            3,
+            ".mp3",
+            b"MP3 holds at most 2 channels and this has 3 (outputs keep the input's rate and channels): write "
+            b".flac or .wav instead",
+            marks=pytest.mark.skipif(
+                "MP3" not in sf.available_formats(), reason="this libsndfile writes no MP3"
+            ),
+        ),
+    ],
+)
+def test_more_channels_than_the_output_format_holds(
+    tmp_path: Path, ckpt: str, channels: int, suffix: str, says: bytes
+) -> None:
+    """libsndfile's own error was "Format not recognised", naming the temporary file."""
+    src = tmp_path / "a.wav"
+    sf.write(src, noisy(0.2, 16000, channels=channels), 16000)
+    for mode in ([], ["--stream"]):
+        proc = cli(str(src), "-o", str(tmp_path / f"a{suffix}"), "--checkpoint", ckpt, *mode)
+        assert proc.returncode == 1 and says in proc.stderr, proc.stderr
+        assert b".tmp" not in proc.stderr and list(tmp_path.iterdir()) == [src]
 
-    assert codec_rate_error("FLAC", None, 768000) == "FLAC takes audio up to 655350 Hz and this is 768000 Hz"
-    assert rate_fallback("FLAC", 768000) == rate_fallback("OGG", 768000) == ".wav"  # it said ".flac or .wav"
-    assert rate_fallback("MP3", 96000) == ".flac or .wav"
-    assert codec_rate_error("MP3", None, 44100) is None and codec_rate_error("MP3", None, 44000) is not None
+
+def test_a_rate_flac_cannot_hold_suggests_wav_only() -> None:
+    from enhance.audio_io import codec_error, format_fallback
+
+    assert codec_error("FLAC", None, 768000) == "FLAC takes audio up to 655350 Hz and this is 768000 Hz"
+    assert (
+        format_fallback("FLAC", 768000) == format_fallback("OGG", 768000) == ".wav"
+    )  # it said ".flac or .wav"
+    assert format_fallback("MP3", 96000) == ".flac or .wav"
+    assert codec_error("MP3", None, 44100) is None and codec_error("MP3", None, 44000) is not None
+    assert codec_error("FLAC", None, 16000, 9) == "FLAC holds at most 8 channels and this has 9"
+    assert codec_error("MP3", None, 16000, 3) == "MP3 holds at most 2 channels and this has 3"
+    assert format_fallback("MP3", 16000, 3) == ".flac or .wav" and format_fallback("OGG", 16000, 9) == ".wav"
 
 
 def test_an_output_never_replaces_another_input(tmp_path: Path, ckpt: str) -> None:

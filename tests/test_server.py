@@ -428,6 +428,17 @@ def test_unknown_routes_and_methods_are_json(client: httpx.Client) -> None:
 # ---------- POST /v1/analyze ----------
 
 
+def test_analyze_an_input_too_short_for_one_frame(client: httpx.Client) -> None:
+    """One sample at 48 kHz is no sample at 16 kHz: /v1/enhance returned it, /v1/analyze answered 500
+    (zip of no maps with the TIM blocks) and its PNG "model has no TIM competition"."""
+    body = {"content": wav_bytes(noisy(1 / 48000, 48000), 48000), "headers": {"Content-Type": WAV}}
+    a = client.post("/v1/analyze", **body)
+    assert a.status_code == 200, a.text
+    assert a.json()["frame_times"] == [] and [b["maps"] for b in a.json()["blocks"]] == [[]], a.json()
+    png = client.post("/v1/analyze?format=png", **body)
+    assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
+
+
 def test_analyze_json(client: httpx.Client, model: Enhancer) -> None:
     body = wav_bytes(noisy(1.5, 22050, 2), 22050)
     x = _decoded(body)
@@ -636,6 +647,12 @@ STREAM_ERRORS = [
     # finite, but not audio: the STFT of 3e38 overflows, and NaN went back to the client
     ("huge", [json.dumps({"format": "f32le"}), np.array([0.1, 3e38], "<f4").tobytes()], 1003, "bad_samples"),
     ("unknown message", [json.dumps({}), json.dumps({"type": "pause"})], 1003, "bad_message"),
+    # nested beyond Python's recursion limit: json.loads raised RecursionError, a 1011 internal error
+    ("deep JSON start", ["[" * 100_000], 1008, "bad_start"),
+    ("deep JSON message", [json.dumps({}), "[" * 100_000], 1003, "bad_message"),
+    # echoed back whole in the error (a 1 MB name gave a 1 MB frame); the POST's ?model= stops at 100 too
+    ("long model name", [json.dumps({"model": "x" * 101})], 1008, "bad_start"),
+    ("over --max-channels", [json.dumps({"channels": 12})], 1008, "too_many_channels"),
 ]
 
 
@@ -1211,6 +1228,33 @@ def test_without_paths() -> None:
     assert without_paths("/srv/my models/x.pt: bad", ["/srv/my models/x.pt"]) == "x.pt: bad"
     for text in ("s16le/f32le", "1 / 2", "expected [1, n] samples", "no such endpoint: GET /"):
         assert without_paths(text) == text
+
+
+def test_channel_limits_above_8_and_formats_that_hold_fewer(checkpoint: Path) -> None:
+    """--max-channels 16: a 12-channel stream was refused by the start message's own cap of 8, and a 9-channel
+    upload asking for FLAC (8 at most) got 422 invalid_audio "cannot write ... (Error opening the upload)" after
+    the work, not unsupported_output before it."""
+    config = ServerConfig(checkpoints=(str(checkpoint),), threads=1, max_channels=16)
+    with run_server(config) as srv, srv.client() as c:
+        body = {"content": wav_bytes(noisy(0.2, 16000, channels=9), 16000), "headers": {"Content-Type": WAV}}
+        err = _error(c.post("/v1/enhance?format=flac", **body), 422, "unsupported_output")
+        assert "FLAC holds at most 8 channels and this has 9" in err["message"], err
+        assert "format=wav or format=ogg" in err["message"], err
+        ok = c.post("/v1/enhance?format=ogg", **body)
+        assert ok.status_code == 200 and sf.info(io.BytesIO(ok.content)).channels == 9
+        with connect(f"{srv.ws_url}/v1/stream", open_timeout=30) as ws:
+            assert _start(ws, channels=12, format="s16le")["type"] == "ready"
+            ws.send(np.zeros((160, 12), "<i2").tobytes())
+            ws.send(json.dumps({"type": "end"}))
+            pcm = b""
+            while not isinstance(msg := ws.recv(timeout=30), str):
+                pcm += msg
+            assert json.loads(msg) == {"type": "done", "samples": 160} and len(pcm) == 160 * 12 * 2
+
+
+def test_a_plain_get_of_the_stream_says_it_is_a_websocket(client: httpx.Client) -> None:
+    err = _error(client.get("/v1/stream"), 426, "websocket_required")  # it was 404 "no such endpoint"
+    assert "ws://" in err["message"]
 
 
 # ---------- API key, CORS ----------

@@ -231,6 +231,18 @@ def test_flush_resets_for_the_next_stream() -> None:
     assert all(np.array_equal(m, n) for m, n in zip(engine.competition(), maps, strict=True))
 
 
+def test_a_stream_without_a_frame_has_empty_maps_per_block() -> None:
+    """No samples at all (one sample at 48 kHz resamples to none): one [C, 0, n_s] map per TIM block, not an
+    empty list, which callers took for a model without competition (the server's /v1/analyze answered 500)."""
+    model = _model("tiny")
+    engine = StreamingEnhancer(model, channels=2, with_competition=True)
+    assert engine.flush().shape == (2, 0)
+    maps = engine.competition()
+    assert len(maps) == len(model.competition_blocks) > 0
+    assert all(m.shape == (2, 0, model.cfg.tim.attention.n_groups) for m in maps), [m.shape for m in maps]
+    assert StreamingEnhancer(model).competition() == []  # not asked for: none
+
+
 def test_bad_chunks_are_refused() -> None:
     engine = StreamingEnhancer(_model("tiny"), channels=2)
     with pytest.raises(ValueError, match=r"expected \[2, n\]"):
