@@ -211,13 +211,14 @@ def expand_inputs(
                     "choose another folder (or leave out -o: outputs go beside the inputs as *.enhanced.*)"
                 )
             files = sorted(f for f in root.rglob("*") if f.is_file() and f.suffix.lower() in AUDIO_SUFFIXES)
-            kept = [f for f in files if not _earlier_output(f, out_dir, output is None)]
+            kept = [f for f in files if not _earlier_output(f, root, out_dir, output is None)]
             left_out += len(files) - len(kept)
             out.extend((str(f), str(f.relative_to(root))) for f in kept)
         elif is_glob(item):
             collective = True
             files = [Path(f) for f in sorted(glob.glob(item, recursive=True)) if os.path.isfile(f)]
-            kept = [f for f in files if not _earlier_output(f, out_dir, output is None)]
+            base = _glob_base(item)
+            kept = [f for f in files if not _earlier_output(f, base, out_dir, output is None)]
             left_out += len(files) - len(kept)
             out.extend((str(f), None) for f in kept)
         else:
@@ -230,10 +231,24 @@ def is_glob(item: str) -> bool:
     return any(ch in item for ch in "*?[") and not os.path.exists(item)
 
 
-def _earlier_output(f: Path, out_dir: Path | None, beside: bool) -> bool:
+def _glob_base(pattern: str) -> Path:
+    """The folder a glob searches: its leading components without wildcards ('rec/raw/*.wav': rec/raw)."""
+    parts = Path(pattern).parts
+    fixed = next((i for i, part in enumerate(parts) if any(ch in part for ch in "*?[")), len(parts))
+    return Path(*parts[:fixed]) if fixed else Path(".")
+
+
+def _earlier_output(f: Path, base: Path, out_dir: Path | None, beside: bool) -> bool:
+    """Whether ``f``, found under the folder ``base`` that an input folder or glob searches, is an output of an
+    earlier run: with ``-o``, a file in the output folder when that folder is ``base`` or inside it (an output
+    folder above or beside the inputs, ``rec/raw -o rec``, holds inputs: they were dropped); without, beside the
+    inputs, a ``*.enhanced.*`` file."""
     if beside:
         return f.stem.endswith(".enhanced")
-    return out_dir is not None and out_dir in f.resolve().parents
+    if out_dir is None:
+        return False
+    root = base.resolve()
+    return (out_dir == root or root in out_dir.parents) and out_dir in f.resolve().parents
 
 
 def clashes(targets: list[tuple[str, str]]) -> str | None:

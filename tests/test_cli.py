@@ -818,6 +818,30 @@ def test_rerunning_a_glob_does_not_enhance_its_own_outputs(tmp_path: Path, ckpt:
     assert b"left out 1 earlier output" in proc.stderr
 
 
+def test_an_output_folder_above_the_inputs_keeps_them_inputs(tmp_path: Path, ckpt: str) -> None:
+    """``rec/raw -o rec/``: every file under the output folder was left out as "an earlier output" (exit 2, or,
+    beside another input, silently not enhanced); that is only so for an output folder inside the searched one."""
+    rec, other = tmp_path / "rec", tmp_path / "other"
+    (rec / "raw").mkdir(parents=True)
+    other.mkdir()
+    sf.write(rec / "raw" / "t1.wav", noisy(0.3, 16000), 16000)
+    sf.write(other / "b.wav", noisy(0.3, 16000, seed=1), 16000)
+    proc = cli(str(rec / "raw"), str(other), "-o", f"{rec}/", "--checkpoint", ckpt)
+    assert proc.returncode == 0 and b"earlier output" not in proc.stderr, proc.stderr
+    assert (rec / "t1.wav").is_file() and (rec / "b.wav").is_file()
+    proc = cli(str(rec / "raw" / "*.wav"), "-o", f"{tmp_path / 'flat'}/", "--checkpoint", ckpt)
+    assert proc.returncode == 0 and (tmp_path / "flat" / "t1.wav").is_file(), proc.stderr
+    proc = cli(
+        str(rec / "raw" / "*.wav"), "-o", f"{tmp_path}/", "--checkpoint", ckpt
+    )  # the glob's grandparent
+    assert proc.returncode == 0 and (tmp_path / "t1.wav").is_file(), proc.stderr
+    # a glob over the output folder's parent still leaves the earlier outputs out
+    proc = cli(str(other / "**" / "*.wav"), "-o", f"{other / 'out'}/", "--checkpoint", ckpt)
+    assert proc.returncode == 0 and (other / "out" / "b.wav").is_file(), proc.stderr
+    proc = cli(str(other / "**" / "*.wav"), "-o", f"{other / 'out'}/", "--overwrite", "--checkpoint", ckpt)
+    assert proc.returncode == 0 and b"left out 1 earlier output" in proc.stderr, proc.stderr
+
+
 def test_an_input_without_extension_keeps_its_container(tmp_path: Path, ckpt: str) -> None:
     src = tmp_path / "recording"
     sf.write(src, noisy(0.3, 16000), 16000, format="FLAC")
