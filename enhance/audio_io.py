@@ -270,7 +270,10 @@ def atomic_path(path: str | os.PathLike[str], replace: bool = True, durable: boo
     target = Path(path)
     made = [d for d in (target.parent, *target.parent.parents) if not d.exists()]  # deepest first
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:  # named the temporary file ("[Errno 30] Read-only file system: '.x.wav.1a2b.tmp'")
+        raise OSError(exc.errno, f"cannot create {target.name} in {target.parent}: {exc.strerror}") from None
     os.close(fd)
     try:
         yield tmp
@@ -405,6 +408,10 @@ def output_format(path: str | os.PathLike[str]) -> tuple[str, str | None]:
     fmt = suffix.lstrip(".").upper()
     aliases = {"WAVE": "WAV", "AIF": "AIFF", "OGA": "OGG", "OPUS": "OGG"}
     fmt = aliases.get(fmt, fmt)
+    if (
+        fmt == "SD2"
+    ):  # libsndfile puts its resource fork in a separate "._" file that the rename leaves behind
+        raise AudioError(f"{path}: SD2 files are not written (use .aiff or .wav)")
     if fmt not in sf.available_formats() or fmt == "RAW":
         raise AudioError(
             f"{path}: cannot write '{suffix or '(no extension)'}' files; use .wav, .flac, .ogg, .opus, .mp3, .aiff "

@@ -27,6 +27,7 @@ import glob
 import json
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -540,15 +541,21 @@ def _file_id(path: str) -> tuple[int, int] | None:
 
 def inputs_overwritten(targets: list[tuple[str, str]]) -> str | None:
     """Why the outputs would overwrite another input (None: they do not): ``a.wav a.enhanced.wav
-    --overwrite`` replaced the second input with the first one's result. (An output that is its own input is
-    refused per file, by enhance_file.)"""
+    --overwrite`` replaced the second input with the first one's result, and ``- -o in.wav < in.wav`` its own
+    (stdin redirected from the output file). (An output that is its own input file is refused per file, by
+    enhance_file.)"""
     ids = {_file_id(src): src for src, _ in targets if src != "-" and os.path.isfile(src)}
+    stdin = _stdin_file_id() if any(src == "-" for src, _ in targets) else None
+    if stdin is not None:
+        ids[stdin] = "-"
     names = {os.path.realpath(src): src for src, _ in targets if src != "-"}
     for src, dst in targets:
         if dst == "-":
             continue
         if os.path.isfile(dst):
             other = ids.get(_file_id(dst))
+            if other == "-":
+                return f"{dst}: stdin is read from this file, and the output would replace it"
             if other is not None and _file_id(other) != _file_id(src):
                 return f"{dst}: the output of {src} would overwrite another input ({other})"
         else:  # not there yet: written first, it would then be read as that input
@@ -556,6 +563,15 @@ def inputs_overwritten(targets: list[tuple[str, str]]) -> str | None:
             if other is not None and os.path.realpath(other) != os.path.realpath(src):
                 return f"{dst}: the output of {src} is also given as an input ({other})"
     return None
+
+
+def _stdin_file_id() -> tuple[int, int] | None:
+    """(device, inode) of the regular file stdin was redirected from (None: a pipe, a terminal, closed)."""
+    try:
+        st = os.fstat(sys.stdin.fileno())
+    except (OSError, ValueError, AttributeError):
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
 
 
 def map_target(option: str | None, src: str, rel: str | None, many: bool) -> str:
@@ -567,12 +583,27 @@ def map_target(option: str | None, src: str, rel: str | None, many: bool) -> str
     return option
 
 
+class MapError(AudioError):
+    """The audio was written, its competition map was not: the file failed, and the summary names its output."""
+
+    def __init__(self, message: str, output: str) -> None:
+        super().__init__(message)
+        self.output = output
+
+
 def write_competition(path: str, result: FileResult, ck: Checkpoint, source: str | bytes) -> None:
-    """The maps of ``result`` into ``path``; ``source``: the input's path, or its bytes (stdin, pipes)."""
+    """The maps of ``result`` into ``path``; ``source``: the input's path, or its bytes (stdin, pipes). Raises
+    :class:`MapError` (the audio is already written when this runs)."""
     from enhance.competition_map import save_competition_map
 
     assert result.competition is not None
-    save_competition_map(path, result.competition, ck, source, name=Path(result.input).name)
+    try:
+        save_competition_map(path, result.competition, ck, source, name=Path(result.input).name)
+    except Exception as exc:  # the audio stays: it is complete, and was asked for
+        raise MapError(
+            f"{result.input}: enhanced into {result.output or '-'}, but its competition map failed: {exc}",
+            output=str(result.output or "-"),
+        ) from None
 
 
 def _drop_stdout() -> None:
@@ -607,6 +638,8 @@ def _run_all(
                 blocked = nearest_existing(Path(map_path).parent)
                 if blocked is not None and not blocked.is_dir():
                     raise AudioError(f"{map_path}: cannot be written, {blocked} is not a folder")
+                if blocked is not None and not os.access(blocked, os.W_OK):  # a read-only folder or mount
+                    raise AudioError(f"{map_path}: cannot be written, {blocked} is not writable")
             result = run_one(ck, src, dst, args, progress, backend, map_path)
             say(f"{src} -> {dst} ({result.duration_s:.1f} s audio in {result.wall_seconds:.1f} s)")
         except Exception as exc:  # one file's failure never stops the batch, and never shows a traceback
@@ -621,7 +654,7 @@ def _run_all(
             print(f"enhance-cli: error: {msg}", file=sys.stderr)
             if isinstance(exc, BrokenPipeError) and dst == "-":
                 _drop_stdout()
-            result = FileResult(src, None, False, error=msg)
+            result = FileResult(src, getattr(exc, "output", None), False, error=msg)
         results.append(result)
     return results
 
@@ -675,18 +708,31 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("--stream - reads raw PCM from stdin and writes it to stdout: use -o -")
     if args.subtype and args.subtype.upper() not in sf.available_subtypes():
         parser.error(f"--subtype {args.subtype}: not a sample format libsndfile knows (e.g. PCM_16, FLOAT)")
+    if args.subtype:  # 'float' clipped to [-1, 1] where 'FLOAT' did not
+        args.subtype = args.subtype.upper()
+    if sys.stdin is None and "-" in args.inputs:  # started with stdin closed (<&-)
+        parser.error("stdin is closed: give an input file")
+    if args.stream and "-" in args.inputs and (args.format or args.subtype):
+        parser.error("--format and --subtype are for files: the raw PCM pipe writes --pcm samples")
     try:
         targets = [(src, output_for(src, rel, args.output, as_dir, args.format)) for src, rel in inputs]
     except AudioError as exc:
         parser.error(str(exc))
     if sys.stdout is None and any(dst == "-" for _, dst in targets):  # started with stdout closed (>&-)
         parser.error("stdout is closed: give -o a file name")
-    if any(dst == "-" for _, dst in targets) and sys.stdout is not None and sys.stdout.isatty():
-        parser.error("-o - would write binary audio to the terminal: pipe or redirect it (| or >)")
+    if any(_is_stdout(dst) for _, dst in targets) and sys.stdout is not None and sys.stdout.isatty():
+        parser.error(
+            f"-o {args.output} would write binary audio to the terminal: pipe or redirect it (| or >)"
+        )
     overwritten = inputs_overwritten(targets) or unwritable(targets, args.output, args.format, args.subtype)
     if overwritten:
         parser.error(overwritten)
     maps = [map_target(args.competition_map, src, rel, many) for src, rel in inputs]
+    read = {_file_id(src) for src, _ in targets if src != "-" and os.path.isfile(src)}
+    read.add(_stdin_file_id() if "-" in args.inputs else None)
+    replaced = next((m for m in maps if m and os.path.isfile(m) and _file_id(m) in read), None)
+    if replaced:  # a map named like its input (take.npz) replaced the audio with a zip archive
+        parser.error(f"--competition-map {replaced}: is an input file; the map would replace it")
     clash = clashes(targets) or (
         clashes([(src, m) for (src, _), m in zip(targets, maps, strict=True)])
         if args.competition_map
@@ -722,6 +768,8 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     args.pcm, args.rate, args.channels = args.pcm or "s16le", args.rate or 16000, args.channels or 1
     if args.format and args.format.upper() == "OPUS":  # as `-o x.opus` names it: Opus in an Ogg container
         args.format, args.subtype = "OGG", args.subtype or "OPUS"
+    if args.format and args.format.upper() == "SD2":
+        parser.error("--format SD2: not written (libsndfile puts part of the file in a separate '._' file)")
     if args.format and args.format.upper() not in sf.available_formats():
         parser.error(
             f"--format {args.format}: not a format this build can write ({', '.join(sf.available_formats())})"

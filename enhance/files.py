@@ -33,6 +33,7 @@ from enhance.audio_io import (
     codec_error,
     format_fallback,
     fs_path,
+    nearest_existing,
     output_format,
     read_blocks,
     read_info,
@@ -166,9 +167,13 @@ def enhance_stream(
         try:
             fout = sf.SoundFile(fs_path(dst), "w", rate, channels, subtype, format=fmt)
         except (sf.LibsndfileError, ValueError) as exc:
-            raise AudioError(
-                f"{name}: cannot write {fmt}/{subtype or 'default'} output ({_first_line(exc)})"
-            ) from None
+            reason = _first_line(exc).replace(f"'{dst}'", "the output")  # not the temporary file's name
+            if "Format not recognised" in reason:  # libsndfile's words for "cannot hold this audio"
+                reason = (
+                    reason.rstrip(".")
+                    + f"; it cannot hold {channels} channel(s) at {rate} Hz: write .wav or .flac instead"
+                )
+            raise AudioError(f"{name}: cannot write {fmt}/{subtype or 'default'} output ({reason})") from None
         with fout:
 
             def write(y: np.ndarray) -> None:
@@ -224,8 +229,12 @@ def enhance_stream(
 def new_output(dst: str | os.PathLike[str], overwrite: bool) -> Iterator[str]:
     """:func:`atomic_path` for an output file: refused when ``dst`` exists unless ``overwrite``, also when another
     run wrote it while this one worked (its file is kept)."""
-    if os.path.exists(dst) and not overwrite:
-        raise AudioError(f"{dst}: output exists (use --overwrite)")
+    if os.path.lexists(dst) and not overwrite:  # lexists: a link to a missing file is there too
+        broken = "" if os.path.exists(dst) else ", a symbolic link to a missing file"
+        raise AudioError(f"{dst}: output exists{broken} (use --overwrite)")
+    blocked = nearest_existing(Path(dst).parent)
+    if blocked is not None and not blocked.is_dir():  # it was "written meanwhile by another run"
+        raise AudioError(f"{dst}: cannot be written, {blocked} is a file, not a folder")
     try:
         with atomic_path(dst, replace=overwrite) as tmp:
             yield tmp

@@ -66,9 +66,13 @@ def stream_pcm(
         if not more:
             break
         head += more
-    if head in (b"RIFF", b"RIFX", b"RF64", b"fLaC", b"OggS", b"FORM"):
+    # WAV, FLAC, Ogg, AIFF, CAF, AU, W64, and MP3 with an ID3 tag (untagged MP3's sync word is also PCM)
+    if (
+        head in (b"RIFF", b"RIFX", b"RF64", b"fLaC", b"OggS", b"FORM", b"caff", b".snd", b"riff")
+        or head[:3] == b"ID3"
+    ):
         raise AudioError(
-            f"<stdin>: starts like an encoded audio file ({head.decode()}), but --stream - -o - reads raw PCM: "
+            f"<stdin>: starts like an encoded audio file ({head.decode(errors='replace')}), but --stream - -o - reads raw PCM: "
             "leave out --stream to enhance an encoded file from stdin"
         )
     pending = head

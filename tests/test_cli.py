@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -752,6 +753,13 @@ def test_raw_pipe_reports_a_cut_sample_and_an_encoded_file(tmp_path: Path, ckpt:
     proc = cli("--stream", "-", "-o", "-", "--checkpoint", ckpt, stdin=buf.getvalue())
     assert proc.returncode == 1 and b"starts like an encoded audio file (fLaC)" in proc.stderr
     assert proc.stdout == b""
+    buf = io.BytesIO()  # CAF and tagged MP3 were enhanced as if they were PCM (exit 0)
+    sf.write(buf, noisy(0.3, 16000), 16000, format="CAF")
+    for encoded, head in ((buf.getvalue(), b"caff"), (b"ID3\x04\x00" + bytes(3200), b"ID3")):
+        proc = cli("--stream", "-", "-o", "-", "--checkpoint", ckpt, stdin=encoded)
+        assert proc.returncode == 1 and b"starts like an encoded audio file (" + head in proc.stderr, (
+            proc.stderr
+        )
     # no BytesIO repr in the reason
     proc = cli("-", "-o", "-", "--checkpoint", ckpt, stdin=b"garbage, not audio")
     assert proc.returncode == 1 and b"<stdin>: not a readable audio file (Error opening it" in proc.stderr
@@ -1154,3 +1162,121 @@ def test_audio_to_a_terminal_is_refused(tmp_path: Path, ckpt: str) -> None:
         os.close(secondary)
     assert proc.returncode == 2, proc.stderr
     assert b"would write binary audio to the terminal" in proc.stderr and shown == b"", (proc.stderr, shown)
+
+
+def _run_cli(*args: str, **kw: Any) -> subprocess.CompletedProcess[bytes]:
+    """``cli`` with the standard streams given by the caller (a file, a closed stream, a terminal)."""
+    return subprocess.run(
+        [sys.executable, "-m", "enhance.cli", *args], capture_output=False, env=ENV, timeout=300, **kw
+    )
+
+
+def test_stdin_or_a_map_that_would_replace_an_input(tmp_path: Path, ckpt: str) -> None:
+    """``- -o in.wav --overwrite < in.wav`` replaced its input (the same through /dev/stdin was refused), and a
+    map named like its input (``take.npz``) replaced the audio with a zip archive."""
+    src = tmp_path / "in.wav"
+    sf.write(src, noisy(0.3, 16000), 16000)
+    before = src.read_bytes()
+    with open(src, "rb") as stdin:
+        proc = _run_cli(
+            "-", "-o", str(src), "--overwrite", "--checkpoint", ckpt, stdin=stdin, stderr=subprocess.PIPE
+        )
+    assert proc.returncode == 2 and b"stdin is read from this file" in proc.stderr, proc.stderr
+    take = tmp_path / "take.npz"
+    take.write_bytes(before)  # audio whose name ends .npz
+    proc = cli(
+        str(take),
+        "-o",
+        str(tmp_path / "t.wav"),
+        "--competition-map",
+        str(take),
+        "--overwrite",
+        "--checkpoint",
+        ckpt,
+    )
+    assert proc.returncode == 2 and b"is an input file; the map would replace it" in proc.stderr, proc.stderr
+    assert src.read_bytes() == before == take.read_bytes() and not (tmp_path / "t.wav").exists()
+
+
+def test_output_paths_that_cannot_be_written_say_why(tmp_path: Path, ckpt: str) -> None:
+    """Each said "output exists (written meanwhile by another run; use --overwrite)" or named a temporary file."""
+    src = tmp_path / "a.wav"
+    sf.write(src, noisy(0.3, 16000, channels=3), 16000)
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "dl.wav").symlink_to(tmp_path / "nowhere" / "x.wav")
+    for dst, says in [
+        ("notes.txt/clean.wav", b"notes.txt is a file, not a folder"),
+        ("dl.wav", b"output exists, a symbolic link to a missing file (use --overwrite)"),
+        ("x.sd2", b"SD2 files are not written"),  # libsndfile left a "._" file beside it, and exit 0
+        ("x.htk", b"Format not recognised; it cannot hold 3 channel(s) at 16000 Hz: write .wav or .flac"),
+    ]:
+        proc = cli(str(src), "-o", str(tmp_path / dst), "--checkpoint", ckpt)
+        assert proc.returncode in (1, 2) and says in proc.stderr, (dst, proc.stderr)
+        assert b".tmp" not in proc.stderr and b"meanwhile" not in proc.stderr, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.wav", "dl.wav", "notes.txt"]
+
+
+def test_a_map_that_fails_after_the_audio_names_the_audio(tmp_path: Path, ckpt: str) -> None:
+    """The audio was kept but the summary said output null, so a rerun's "output exists" came as a surprise."""
+    src = tmp_path / "a.wav"
+    sf.write(src, noisy(0.3, 16000), 16000)
+    (tmp_path / "maps" / "a.competition.png").mkdir(parents=True)  # passes the checks with --overwrite
+    proc = cli(
+        str(src),
+        "-o",
+        str(tmp_path / "o.wav"),
+        "--competition-map",
+        f"{tmp_path / 'maps'}/",
+        "--overwrite",
+        "--json",
+        "--checkpoint",
+        ckpt,
+    )
+    assert (
+        proc.returncode == 1 and b"enhanced into" in proc.stderr and b"competition map failed" in proc.stderr
+    )
+    [result] = json.loads(proc.stdout)["files"]
+    assert result["ok"] is False and result["output"] == str(tmp_path / "o.wav"), result
+    assert sf.info(str(tmp_path / "o.wav")).frames == 4800
+
+
+def test_streams_and_options_that_were_taken_silently(tmp_path: Path, ckpt: str) -> None:
+    src = tmp_path / "loud.wav"
+    x = noisy(0.5, 16000) * 20  # float samples beyond 1: FLOAT keeps them
+    sf.write(src, x, 16000, subtype="FLOAT")
+    for subtype in ("FLOAT", "float"):  # 'float' clipped the output to [-1, 1]
+        dst = tmp_path / f"o-{subtype}.wav"
+        assert cli(str(src), "-o", str(dst), "--subtype", subtype, "--checkpoint", ckpt).returncode == 0
+        assert np.abs(sf.read(dst)[0]).max() > 2, subtype
+    # closed stdin: "unexpected AttributeError: 'NoneType' object has no attribute 'buffer'"
+    proc = _run_cli(
+        "-",
+        "-o",
+        str(tmp_path / "c.wav"),
+        "--checkpoint",
+        ckpt,
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: os.close(0),
+    )
+    assert proc.returncode == 2 and b"stdin is closed" in proc.stderr, proc.stderr
+    # the raw pipe wrote s16 samples into "o.flac" and exited 0
+    proc = cli("--stream", "-", "-o", "-", "--format", "FLAC", "--checkpoint", ckpt, stdin=b"\0\0" * 1600)
+    assert proc.returncode == 2 and b"--format and --subtype are for files" in proc.stderr, proc.stderr
+
+
+def test_a_name_of_stdout_on_a_terminal_is_refused(tmp_path: Path, ckpt: str) -> None:
+    """``-o -`` on a terminal was refused, ``-o /dev/stdout`` dumped RIFF... onto it."""
+    import pty
+
+    src = tmp_path / "a.wav"
+    sf.write(src, noisy(0.3, 16000), 16000)
+    leader, follower = pty.openpty()
+    try:
+        proc = _run_cli(
+            str(src), "-o", "/dev/stdout", "--checkpoint", ckpt, stdout=follower, stderr=subprocess.PIPE
+        )
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert proc.returncode == 2 and b"would write binary audio to the terminal" in proc.stderr, proc.stderr
