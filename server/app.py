@@ -18,15 +18,16 @@ from typing import Any
 import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import FileResponse, RedirectResponse
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from models import CheckpointError
 from server.config import ServerConfig
-from server.errors import install_handlers
+from server.errors import error_body, install_handlers
 from server.jobs import JobRunner
 from server.metrics import Metrics
 from server.registry import Loader, ModelStore, load_models, public_load_error
@@ -117,6 +118,20 @@ class MetricsMiddleware:
             self.metrics.latency.observe(time.perf_counter() - t0, route=route, method=method)
 
 
+class JSONCORSMiddleware(CORSMiddleware):
+    """Starlette's CORS middleware, with a refused preflight answered as every other 4xx: a JSON error body
+    (Starlette's is the plain text "Disallowed CORS origin, headers")."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        what = bytes(response.body).decode().removeprefix("Disallowed CORS ")
+        headers = {k: v for k, v in response.headers.items() if k.lower().startswith("access-control-")}
+        body = error_body("cors_refused", f"cross-origin request refused: its {what} is not allowed")
+        return JSONResponse(body, status_code=400, headers=headers)
+
+
 def create_app(config: ServerConfig | None = None, *, loader: Loader | None = None) -> FastAPI:
     """The app for ``config``. ``loader`` replaces :func:`server.registry.load_models` (tests use it)."""
     config = config or ServerConfig()
@@ -196,7 +211,7 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
     answer_head(app.router)
     if config.cors_origins:
         app.add_middleware(
-            CORSMiddleware,
+            JSONCORSMiddleware,
             allow_origins=list(config.cors_origins),
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=["Content-Type", "Accept", "Authorization", "X-API-Key"],

@@ -1314,6 +1314,12 @@ def test_api_key_and_cors(checkpoint: Path) -> None:
             },
         )
         assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == origin
+        refused = c.options(  # answered in plain text ("Disallowed CORS origin") before
+            "/v1/enhance",
+            headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"},
+        )
+        err = _error(refused, 400, "cors_refused")
+        assert err["message"] == "cross-origin request refused: its origin is not allowed", err
         got = c.get("/healthz", headers={"Origin": "http://evil.example"})
         assert "access-control-allow-origin" not in got.headers
         # a page on the allowed origin reads the answer's own headers (the page shows X-Processing-Seconds and
