@@ -7,6 +7,7 @@ silently reinterpreted.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, TypeVar
@@ -78,6 +79,8 @@ def _scalar(hint: Any, value: Any, where: str) -> Any:
     elif hint is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         value = float(value) if ok else value
+        if ok and not math.isfinite(value):  # NaN never equals itself: a run with one could not be resumed
+            raise ValueError(f"{where}: expected a finite number, got {value}")
     elif hint is str:
         ok = isinstance(value, str)
     else:

@@ -40,10 +40,16 @@ RESUME_FLAGS = ", ".join("--" + k.replace("_", "-") for k in RESUME_OVERRIDES)
 CONFIG_DIR = Path(__file__).parent / "configs"
 
 
-def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def merge(base: dict[str, Any], over: dict[str, Any], where: str = "config") -> dict[str, Any]:
+    """``over`` on top of ``base``, section by section; a section replaced by something that is not one is an
+    error (``{"train": 5}`` after a file with a train section silently dropped its settings)."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        if isinstance(out.get(k), dict) and not isinstance(v, dict):
+            raise ValueError(f"{where}.{k}: expected an object, got {type(v).__name__} {v!r}")
+        out[k] = (
+            merge(out[k], v, f"{where}.{k}") if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        )
     return out
 
 
@@ -141,6 +147,10 @@ def read_config(name: str) -> dict[str, Any]:
         data = json.loads(p.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{p}: not valid JSON ({exc})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{p}: not a text file (a JSON config is UTF-8 text)") from None
+    except IsADirectoryError:
+        raise ValueError(f"{p}: is a folder, not a JSON config file") from None
     if not isinstance(data, dict):
         raise ValueError(f"{p}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -205,9 +215,12 @@ def main(argv: list[str] | None = None) -> int:
             if not saved.is_file():
                 raise FileNotFoundError(f"{saved}: nothing to resume")
             try:
-                cfg = saved_run_config(json.loads(saved.read_text()))
-            except json.JSONDecodeError as exc:
+                raw = json.loads(saved.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise ValueError(f"{saved}: not readable JSON ({exc})") from None
+            if not isinstance(raw, dict) or not isinstance(raw.get("data", {}), dict):
+                raise ValueError(f"{saved}: not a run's configuration (a JSON object with its sections)")
+            cfg = saved_run_config(raw)
             ignored = [
                 "--" + k.replace("_", "-")
                 for k, v in vars(args).items()
@@ -229,14 +242,22 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             raise ValueError(problem)
         result = Trainer(cfg, args.out, resume=args.resume).fit()
-    except (FileNotFoundError, FileExistsError, ValueError, KeyError, CheckpointError) as exc:
+    except (
+        FileNotFoundError,
+        FileExistsError,
+        NotADirectoryError,  # e.g. --cache-dir naming a file
+        ValueError,
+        KeyError,
+        CheckpointError,
+    ) as exc:
         print(f"tim-train: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(
-            f"tim-train: interrupted; `--out {args.out} --resume` continues from the last saved state",
-            file=sys.stderr,
-        )
+        if (Path(args.out) / "state.pt").is_file():
+            then = f"`--out {args.out} --resume` continues from the last saved state"
+        else:  # it said --resume, which then found "nothing to resume"
+            then = "nothing was saved yet: the same command starts the run again"
+        print(f"tim-train: interrupted; {then}", file=sys.stderr)
         return 130
     if result and int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(result))

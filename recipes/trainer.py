@@ -113,6 +113,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        if self.seed < 0:  # numpy's seed sequences take none (they said so after the data scan)
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
         if not (
             0 < self.lr < math.inf and 0 < self.lr_factor < 1 and self.lr_patience >= 0 and self.grad_clip > 0
         ):
@@ -479,6 +481,7 @@ class Trainer:
         run_folder.write_json(path, env)
 
     def _save_state(self) -> None:
+        self._check_weights()  # every rank holds the same weights: all stop alike
         if not self.dist.is_main:
             return
         state = {
@@ -613,6 +616,9 @@ class Trainer:
                 t.pmsqe_weight,
                 t.pmsqe_as_pesq,
             )
+            value = self.dist.mean(float(loss.item()), self.device)  # every rank sees the same
+            if not math.isfinite(value):  # before the step
+                self._diverged(f"the loss is {value} at epoch {pos.epoch + 1} step {pos.step + 1}")
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             if self.bcd is not None:
@@ -623,7 +629,7 @@ class Trainer:
             if self.ema is not None:
                 self.ema.update(self.model)
             pos.compute_seconds += time.perf_counter() - t0
-            pos.loss_sum += self.dist.mean(float(loss.item()), self.device)
+            pos.loss_sum += value
             pos.loss_count += 1
             pos.audio_seconds += noisy.shape[0] * self.dist.world * seg_seconds
             pos.step += 1
@@ -669,8 +675,28 @@ class Trainer:
                 assert isinstance(model, Enhancer)
                 yield model
 
+    def _diverged(self, what: str) -> None:
+        raise ValueError(
+            f"training diverged: {what}; start a new run "
+            "with a lower --lr or other loss settings (a --resume repeats the same steps). The checkpoints and "
+            "the state saved before hold finite weights"
+        )
+
+    def _check_weights(self) -> None:
+        """Before anything is saved: a step can make weights infinite while its loss was still finite, and a
+        checkpoint of them is one that every loader refuses."""
+        bad = [
+            n for n, t in self.model.state_dict().items() if t.is_floating_point() and not t.isfinite().all()
+        ]
+        if bad:
+            names = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
+            self._diverged(
+                f"NaN or infinite weights ({names}) after epoch {self.pos.epoch + 1} step {self.pos.step}"
+            )
+
     def _validate_and_save(self, model: Enhancer) -> dict[str, Any]:
         """Validation of ``model``, the scheduler step, its best/last checkpoints and the CSV row of the epoch."""
+        self._check_weights()
         pos = self.pos
         key = SELECT_BY[self.cfg.train.select_by]
         val = (

@@ -223,7 +223,7 @@ def _forge_config(path: Path, edit: dict[str, object]) -> None:
         ({"pre_encoder.channels": []}, "IndexError"),  # failed inside the pre-encoder's constructor
         ({"tim.inter_heads": 0}, "ZeroDivisionError"),
         ({"max_attenuation_db": -20.0}, "at least 0 dB"),  # would amplify by 20 dB
-        ({"max_attenuation_db": float("nan")}, "at least 0 dB"),  # would give NaN samples
+        ({"max_attenuation_db": float("nan")}, "expected a finite number, got nan"),  # would give NaN samples
         ({"stft.sample_rate": 8000}, "only 16 kHz models"),  # would be fed 16 kHz audio as its own
     ],
 )

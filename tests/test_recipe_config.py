@@ -34,7 +34,7 @@ from tests.conftest import ROOT
         # values that crashed deep in a run
         ({"train": {"batch_size": 0}}, r"batch_size must be >= 1"),
         ({"train": {"lr": 0.0}}, r"lr must be finite and > 0"),
-        ({"train": {"lr": 1e999}}, r"lr must be finite and > 0"),  # JSON's 1e999 is inf: NaN losses, rc 0
+        ({"train": {"lr": 1e999}}, r"config.train.lr: expected a finite number, got inf"),  # JSON 1e999 is inf
         ({"train": {"time_budget_minutes": -1}}, r"time_budget_minutes must be >= 0"),
         ({"data": {"mixing": {"segment_seconds": -1}}}, r"segment_seconds must hold at least one 512-sample"),
         ({"data": {"mixing": {"segment_seconds": 1e-5}}}, r"at least one 512-sample STFT window \(0.032 s\)"),
@@ -90,19 +90,27 @@ def test_the_train_command_names_the_bad_setting_and_the_bad_file(tmp_path: Path
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     (tmp_path / "str.json").write_text(json.dumps({"data": {"speech": "/", "noise": ["/n"]}}))
     (tmp_path / "broken.json").write_text('{"train": {"epochs": 3,}}')
-    for name, message in (
-        ("str.json", "config.data.speech: expected a list, got str '/'"),
-        ("broken.json", f"{tmp_path / 'broken.json'}: not valid JSON"),
+    # each of these was a traceback, or accepted and then unresumable (NaN != NaN), or silently dropped settings
+    (tmp_path / "nan.json").write_text('{"train": {"over_weight": NaN}}')
+    (tmp_path / "inf.json").write_text('{"data": {"mixing": {"pause_seconds": [0.1, Infinity]}}}')
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00junk")
+    (tmp_path / "folder.json").mkdir()
+    (tmp_path / "a.json").write_text('{"train": {"epochs": 1}}')
+    (tmp_path / "b.json").write_text('{"train": 5}')
+    (tmp_path / "seed.json").write_text('{"train": {"seed": -1}}')
+    for names, message in (
+        (["str.json"], "config.data.speech: expected a list, got str '/'"),
+        (["broken.json"], f"{tmp_path / 'broken.json'}: not valid JSON"),
+        (["nan.json"], "config.train.over_weight: expected a finite number, got nan"),
+        (["inf.json"], "config.data.mixing.pause_seconds[1]: expected a finite number, got inf"),
+        (["binary.json"], f"{tmp_path / 'binary.json'}: not a text file"),
+        (["folder.json"], f"{tmp_path / 'folder.json'}: is a folder"),
+        (["a.json", "b.json"], "config.train: expected an object, got int 5"),
+        (["seed.json"], "seed must be >= 0, got -1"),
     ):
-        cmd = [
-            sys.executable,
-            "-m",
-            "recipes.train",
-            "--config",
-            str(tmp_path / name),
-            "--out",
-            str(tmp_path / "r"),
-        ]
+        cmd = [sys.executable, "-m", "recipes.train", "--out", str(tmp_path / "r")]
+        for name in names:
+            cmd += ["--config", str(tmp_path / name)]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()

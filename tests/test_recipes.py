@@ -1343,3 +1343,24 @@ def test_every_shipped_config_resolves(tmp_path: Path) -> None:
     mixing = cfg.data.mixing
     assert mixing.augment.active and mixing.pause_prob == 0.3 and mixing.repeats == 40
     assert cfg.train.batch_size == 64 and cfg.train.over_weight == 1.5
+
+
+def test_a_diverging_run_stops_with_an_error_and_no_nan_weights(
+    folders: FolderTree, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--lr 1000 logged 'train nan val nan' for every epoch, exited 0 and left a last.safetensors that every
+    loader refuses (NaN weights). It now stops at the first non-finite loss, before the step that would write
+    NaN into the weights; the checkpoints written before are loadable."""
+    run = tmp_path / "run"
+    args = folders_args(folders, "--epochs", "3", "--lr", "1000", "--max-steps-per-epoch", "4")
+    with in_process():
+        code = train_main([*args, "--out", str(run)])
+    err = capsys.readouterr().err
+    assert code == 2 and "training diverged: " in err and "Traceback" not in err, err
+    assert "the loss is nan at epoch" in err or "NaN or infinite weights" in err, err
+    for name in ("best.safetensors", "last.safetensors"):
+        if (run / name).exists():
+            load_checkpoint(run / name)  # refuses NaN or infinite weights
+    state = torch.load(run / "state.pt", weights_only=False) if (run / "state.pt").exists() else None
+    if state is not None:
+        assert all(torch.isfinite(t).all() for t in state["model"].values())
