@@ -34,7 +34,10 @@ from tests.conftest import ROOT
         # values that crashed deep in a run
         ({"train": {"batch_size": 0}}, r"batch_size must be >= 1"),
         ({"train": {"lr": 0.0}}, r"lr must be finite and > 0"),
-        ({"train": {"lr": 1e999}}, r"config.train.lr: expected a finite number, got inf"),  # JSON 1e999 is inf
+        (
+            {"train": {"lr": 1e999}},
+            r"config.train.lr: expected a finite number, got inf",
+        ),  # JSON 1e999 is inf
         ({"train": {"time_budget_minutes": -1}}, r"time_budget_minutes must be >= 0"),
         ({"data": {"mixing": {"segment_seconds": -1}}}, r"segment_seconds must hold at least one 512-sample"),
         ({"data": {"mixing": {"segment_seconds": 1e-5}}}, r"at least one 512-sample STFT window \(0.032 s\)"),
