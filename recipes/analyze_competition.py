@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         ap.error("--limit must be >= 1")
+    if not (math.isfinite(args.vad_db) and args.vad_db > 0):  # nan: 0 speech frames and every AUC nan, exit 0
+        ap.error(f"--vad-db must be a positive number of dB, got {args.vad_db}")
     problem = out_folder_problem(args.out)
     if problem:
         ap.error(problem)

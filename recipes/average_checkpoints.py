@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
+from enhance.audio_io import nearest_existing
 from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from models.config_io import to_dict
 from models.enhancer import EnhancerConfig
@@ -26,9 +28,10 @@ def average(paths: list[str], weights: list[float] | None, out: str) -> None:
         raise ValueError("give at least two checkpoints to average")
     if weights is None:
         weights = [1.0 / len(paths)] * len(paths)
-    if len(weights) != len(paths) or not all(w > 0 for w in weights):
-        raise ValueError(f"--weights: need {len(paths)} positive numbers, got {weights}")
     total = sum(weights)
+    # inf passed as positive (a NaN soup refused on load), and 1e308 twice overflowed the sum (an all-zero one)
+    if len(weights) != len(paths) or not all(w > 0 for w in weights) or not math.isfinite(total):
+        raise ValueError(f"--weights: need {len(paths)} positive finite numbers, got {weights}")
     weights = [w / total for w in weights]
     checkpoints = [load_checkpoint(p) for p in paths]
     first = checkpoints[0]
@@ -71,6 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if Path(args.out).resolve() in {Path(c).resolve() for c in args.checkpoints}:
             raise ValueError(f"--out {args.out} is one of the inputs; write the average elsewhere")
+        blocked = nearest_existing(Path(args.out).parent)
+        if Path(args.out).is_dir() or (
+            blocked is not None and not blocked.is_dir()
+        ):  # tracebacks, after the work
+            raise ValueError(
+                f"--out {args.out}: give a file path (a folder, or a path under a file, is not one)"
+            )
         average(args.checkpoints, args.weights, args.out)
     except (ValueError, CheckpointError) as exc:
         print(f"tim-average-checkpoints: error: {exc}", file=sys.stderr)

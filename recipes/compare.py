@@ -31,8 +31,9 @@ from typing import Any
 from enhance.audio_io import atomic_path
 from models.registry import REGISTRY
 from recipes.datasets import DataConfig
+from recipes.evaluate import positive_int
 from recipes.run_folder import out_folder_problem, read_csv
-from recipes.train import config_path, merge
+from recipes.train import merge, read_config
 from recipes.trainer import LEGACY_DATA
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,9 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="train the configs in turn, K epochs at a time, and tabulate after each round",
     )
-    p.add_argument("--steps-per-epoch", type=int, default=None, help="cap steps per epoch (default: all)")
+    p.add_argument(
+        "--steps-per-epoch", type=positive_int, default=None, help="cap steps per epoch (default: all)"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=positive_int, default=None)  # 0 was taken as "not given"
     p.add_argument("--dnsmos", action="store_true", help="also score DNSMOS (slower)")
     p.add_argument("--skip-training", action="store_true", help="only evaluate and tabulate existing runs")
     return p
@@ -95,8 +98,10 @@ def train(name: str, run: Path, epochs: int, args: argparse.Namespace) -> None:
 def check_settings(args: argparse.Namespace) -> None:
     """Every run under ``--out`` is trained the same way: refuse to continue a comparison with other settings
     (only ``--epochs`` may grow, which extends every run)."""
-    configs = [json.loads(config_path(c).read_text()) for c in args.config]
+    configs = [read_config(c) for c in args.config]  # a list or a folder was a traceback
     merged: dict[str, Any] = functools.reduce(merge, configs, {})
+    if not isinstance(merged.get("data", {}), dict):
+        raise ValueError(f"config.data: expected an object, got {merged['data']!r}")
     settings = {
         "configs": configs,
         "steps_per_epoch": args.steps_per_epoch,
@@ -108,7 +113,10 @@ def check_settings(args: argparse.Namespace) -> None:
     path = args.out / "settings.json"
     if path.is_file():
         saved = {**LEGACY_DATA, **json.loads(path.read_text())}  # its "dc_blocker" key: only since session 26
-        if saved != settings:
+        trained = any((d / "state.pt").is_file() for d in args.out.iterdir() if d.is_dir())
+        if (
+            saved != settings and trained
+        ):  # (settings.json of an attempt that trained nothing: replaced below)
             before = (
                 " (its runs were trained without the DC blocker)"
                 if saved["dc_blocker"] != settings["dc_blocker"]
@@ -118,7 +126,8 @@ def check_settings(args: argparse.Namespace) -> None:
                 f"{args.out} holds runs trained with other settings{before} (see {path}); use a new --out to "
                 "compare those"
             )
-        return
+        if saved == settings:
+            return
     with atomic_path(path) as tmp:
         Path(tmp).write_text(json.dumps(settings, indent=2) + "\n")
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
+import re
 import shlex
 import sys
 import time
@@ -416,6 +418,10 @@ def main(argv: list[str] | None = None) -> int:
         "has no run folder beside it); checked to hold the same weights",
     )
     args = ap.parse_args(argv if argv is not None else sys.argv[1:])
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", args.name):  # '../x' wrote outside models/pretrained
+        ap.error(
+            f"--name {args.name!r}: letters, digits, '_', '.' and '-' only, not starting with '.' or '-'"
+        )
     run = Path(args.run)
     # everything the card and the files need is checked before anything is written: the bundled model, its card
     # and the golden numbers change together or not at all
@@ -439,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(
             f"--attenuation-sweep: expected dB values or none, comma-separated, got {args.attenuation_sweep!r}"
         )
+    if any(v is not None and not (math.isfinite(v) and v >= 0) for v in limits):  # a traceback in the sweep
+        ap.error(f"--attenuation-sweep: limits are dB >= 0 (or none), got {args.attenuation_sweep!r}")
     if args.init_run is not None:
         init = json.loads((run / "config.json").read_text())["train"].get("init_from")
         try:

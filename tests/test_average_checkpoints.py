@@ -57,7 +57,10 @@ def test_weighted_average_of_two_checkpoints(tmp_path: Path) -> None:
     [
         ("other-model", "another config"),
         ("one", "at least two"),
-        ("bad-weights", "positive numbers"),
+        ("bad-weights", "positive finite numbers"),
+        ("inf-weight", "positive finite numbers"),  # wrote a NaN soup that every loader refuses
+        ("huge-weights", "positive finite numbers"),  # their sum overflowed: an all-zero soup
+        ("out-is-folder", "give a file path"),  # IsADirectoryError after the work
         ("out-is-input", "is one of the inputs"),
         ("missing", "no such checkpoint"),
     ],
@@ -70,10 +73,13 @@ def test_bad_requests_are_refused_without_writing(tmp_path: Path, case: str, mes
         "other-model": [str(a), str(tiny_checkpoint(tmp_path / "c.safetensors", 0, name="tiny-transformer"))],
         "one": [str(a)],
         "bad-weights": [str(a), str(b), "--weights", "1", "0"],
+        "inf-weight": [str(a), str(b), "--weights", "inf", "1"],
+        "huge-weights": [str(a), str(b), "--weights", "1e308", "1e308"],
+        "out-is-folder": [str(a), str(b)],
         "out-is-input": [str(a), str(b)],
         "missing": [str(a), str(tmp_path / "nope.safetensors")],
     }[case]
-    target = a if case == "out-is-input" else out
+    target = {"out-is-input": a, "out-is-folder": tmp_path}.get(case, out)
     before = a.read_bytes()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from recipes.compare import build_parser, check_settings, rounds
 from recipes.compare import main as compare_main
-from recipes.compare import rounds
 from tests.audio_trees import FolderTree, build_folders
 
 
@@ -84,6 +84,16 @@ def test_compare_refuses_to_mix_settings_in_one_folder(
     out = tmp_path / "cmp"
     out.mkdir()
     (out / "settings.json").write_text(json.dumps({"configs": [{}], "steps_per_epoch": 2, "seed": 0}))
+    # an attempt that trained nothing (a typo in a data path) does not hold the folder to its settings: the
+    # corrected command was refused ("holds runs trained with other settings", with no run in it)
+    args = build_parser().parse_args(
+        ["--out", str(out), "--config", str(data), "--configs", "tiny", "--epochs", "1"]
+    )
+    check_settings(args)
+    assert json.loads((out / "settings.json").read_text())["configs"] == [{"train": {"batch_size": 2}}]
+    (out / "settings.json").write_text(json.dumps({"configs": [{}], "steps_per_epoch": 2, "seed": 0}))
+    (out / "transformer").mkdir()
+    (out / "transformer" / "state.pt").write_bytes(b"")  # a run was trained with those
     code = compare_main(["--out", str(out), "--config", str(data), "--configs", "tiny", "--epochs", "1"])
     assert code == 1
     assert "other settings" in capsys.readouterr().err
@@ -143,6 +153,10 @@ def test_compare_refuses_zero_epochs(tmp_path: Path, capsys: pytest.CaptureFixtu
         ["--out", str(tmp_path / "c"), "--configs", "tiny", "--epochs", "2", "--round-epochs", "0"]
     )
     assert code == 2 and "at least 1" in capsys.readouterr().err
+    for flag in ("--threads", "--steps-per-epoch"):  # 0 was taken as "not given": all threads, whole epochs
+        with pytest.raises(SystemExit):
+            compare_main(["--out", str(tmp_path / "c"), "--configs", "tiny", "--epochs", "2", flag, "0"])
+        assert f"{flag}: must be at least 1, got 0" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
 
 

@@ -259,6 +259,12 @@ def test_export_writes_nothing_until_everything_it_needs_is_there(
         (["--weights", "../best.safetensors"], "--weights: a file name inside the run folder"),
         (["--limit", "-1"], "must be at least 1"),  # dropped the last pair, and the card said "first -2"
         (["--sweep-pairs", "0"], "must be at least 1"),
+        # tracebacks in the sweep, after the evaluation
+        (["--attenuation-sweep", "nan"], "--attenuation-sweep: limits are dB >= 0"),
+        (["--attenuation-sweep=-5"], "--attenuation-sweep: limits are dB >= 0"),
+        # '../../x' wrote x.safetensors and x.md outside models/pretrained; '' hidden files
+        (["--name", "../../escaped"], "--name '../../escaped': letters, digits"),
+        (["--name", ""], "--name '': letters, digits"),
     ):
         with pytest.raises(SystemExit) as exit_:
             export.main([*common, *extra])
