@@ -430,6 +430,13 @@ def main(argv: list[str] | None = None) -> int:
     for needed in (args.weights, "config.json", "metrics.csv"):
         if not (run / needed).is_file():
             ap.error(f"--run: {run / needed} is missing (a run folder of recipes.train)")
+    try:  # read now, not after the evaluation (a traceback, or min() of no rows)
+        run_config = json.loads((run / "config.json").read_text())
+        epochs_logged = read_csv(run / "metrics.csv")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        ap.error(f"--run: {run} holds an unreadable config.json or metrics.csv ({exc})")
+    if not isinstance(run_config, dict) or not isinstance(run_config.get("train"), dict) or not epochs_logged:
+        ap.error(f"--run: {run}'s config.json has no train section, or its metrics.csv no epoch")
     try:
         ck = load_checkpoint(run / args.weights)
         found = discover_pairs(args.pairs)
@@ -448,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(v is not None and not (math.isfinite(v) and v >= 0) for v in limits):  # a traceback in the sweep
         ap.error(f"--attenuation-sweep: limits are dB >= 0 (or none), got {args.attenuation_sweep!r}")
     if args.init_run is not None:
-        init = json.loads((run / "config.json").read_text())["train"].get("init_from")
+        init = run_config["train"].get("init_from")
         try:
             same = bool(init) and same_weights(init, args.init_run / "best.safetensors")
         except (OSError, CheckpointError) as exc:
@@ -475,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         for skipped in evaluation["skipped"]:
             print(f"  {skipped['name']}: {skipped['reason']}", file=sys.stderr)
         return 1
-    rows = read_csv(run / "metrics.csv")
+    rows = epochs_logged
     training = {**ck.training, "evaluation": {"pairs": args.pairs, "summary": evaluation["summary"]}}
     training = json.loads(json.dumps(training, default=float).replace("NaN", "null"))
     command = "python -m recipes.export " + shlex.join(argv if argv is not None else sys.argv[1:])

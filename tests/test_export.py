@@ -276,6 +276,18 @@ def test_export_writes_nothing_until_everything_it_needs_is_there(
     assert "config.json is missing" in capsys.readouterr().err
     assert not bundled.exists() or not list(bundled.iterdir())
     (run / "config.json").write_bytes(config)
+    metrics = (run / "metrics.csv").read_bytes()
+    for name, text, says in (  # tracebacks after the whole evaluation
+        ("metrics.csv", metrics.splitlines()[0] + b"\n", "no epoch"),
+        ("config.json", b"not json", "unreadable config.json or metrics.csv"),
+    ):
+        keep = (run / name).read_bytes()
+        (run / name).write_bytes(text)
+        with pytest.raises(SystemExit):
+            export.main(common)
+        assert says in capsys.readouterr().err
+        (run / name).write_bytes(keep)
+    assert not bundled.exists() or not list(bundled.iterdir())
     bad = tmp_path / "bad-pairs" / "dev"  # no pair can be scored: exit 1, nothing shipped (it shipped a card
     for side in ("noisy", "clean"):  # "measured on the 0 pairs", and would have replaced the default so)
         (bad / side).mkdir(parents=True)
