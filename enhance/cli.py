@@ -722,7 +722,7 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("stdout is closed: give -o a file name")
     if any(_is_stdout(dst) for _, dst in targets) and sys.stdout is not None and sys.stdout.isatty():
         parser.error(
-            f"-o {args.output} would write binary audio to the terminal: pipe or redirect it (| or >)"
+            f"-o {args.output or '-'} would write binary audio to the terminal: pipe or redirect it (| or >)"
         )
     overwritten = inputs_overwritten(targets) or unwritable(targets, args.output, args.format, args.subtype)
     if overwritten:

@@ -171,7 +171,8 @@ def enhance_stream(
             if "Format not recognised" in reason:  # libsndfile's words for "cannot hold this audio"
                 reason = (
                     reason.rstrip(".")
-                    + f"; it cannot hold {channels} channel(s) at {rate} Hz: write .wav or .flac instead"
+                    + f"; it cannot hold {channels} channel(s) at {rate} Hz: write "
+                    + f"{format_fallback(fmt, rate, channels)} instead"
                 )
             raise AudioError(f"{name}: cannot write {fmt}/{subtype or 'default'} output ({reason})") from None
         with fout:

@@ -113,7 +113,13 @@ def check_settings(args: argparse.Namespace) -> None:
     path = args.out / "settings.json"
     if path.is_file():
         saved = {**LEGACY_DATA, **json.loads(path.read_text())}  # its "dc_blocker" key: only since session 26
-        trained = any((d / "state.pt").is_file() for d in args.out.iterdir() if d.is_dir())
+        trained = any(  # a finished run may have no state.pt left (copied, or cleaned to save space)
+            any(
+                (d / n).is_file() for n in ("state.pt", "metrics.csv", "best.safetensors", "last.safetensors")
+            )
+            for d in args.out.iterdir()
+            if d.is_dir()
+        )
         if (
             saved != settings and trained
         ):  # (settings.json of an attempt that trained nothing: replaced below)

@@ -418,9 +418,9 @@ def main(argv: list[str] | None = None) -> int:
         "has no run folder beside it); checked to hold the same weights",
     )
     args = ap.parse_args(argv if argv is not None else sys.argv[1:])
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", args.name):  # '../x' wrote outside models/pretrained
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", args.name):  # '../x' wrote outside models/pretrained
         ap.error(
-            f"--name {args.name!r}: letters, digits, '_', '.' and '-' only, not starting with '.' or '-'"
+            f"--name {args.name!r}: letters, digits, '_', '.', '+' and '-' only, not starting with '.' or '-'"
         )
     run = Path(args.run)
     # everything the card and the files need is checked before anything is written: the bundled model, its card

@@ -127,8 +127,9 @@ class JSONCORSMiddleware(CORSMiddleware):
         if response.status_code != 400:
             return response
         what = bytes(response.body).decode().removeprefix("Disallowed CORS ")
-        headers = {k: v for k, v in response.headers.items() if k.lower().startswith("access-control-")}
-        body = error_body("cors_refused", f"cross-origin request refused: its {what} is not allowed")
+        skip = ("content-length", "content-type")  # the rest (Vary, Access-Control-*) as Starlette sent them
+        headers = {k: v for k, v in response.headers.items() if k.lower() not in skip}
+        body = error_body("cors_refused", f"cross-origin request refused (not allowed: {what})")
         return JSONResponse(body, status_code=400, headers=headers)
 
 

@@ -1208,7 +1208,10 @@ def test_output_paths_that_cannot_be_written_say_why(tmp_path: Path, ckpt: str) 
         ("notes.txt/clean.wav", b"notes.txt is a file, not a folder"),
         ("dl.wav", b"output exists, a symbolic link to a missing file (use --overwrite)"),
         ("x.sd2", b"SD2 files are not written"),  # libsndfile left a "._" file beside it, and exit 0
-        ("x.htk", b"Format not recognised; it cannot hold 3 channel(s) at 16000 Hz: write .wav or .flac"),
+        (
+            "x.htk",
+            b"Format not recognised; it cannot hold 3 channel(s) at 16000 Hz: write .flac or .wav instead",
+        ),
     ]:
         proc = cli(str(src), "-o", str(tmp_path / dst), "--checkpoint", ckpt)
         assert proc.returncode in (1, 2) and says in proc.stderr, (dst, proc.stderr)
@@ -1280,3 +1283,13 @@ def test_a_name_of_stdout_on_a_terminal_is_refused(tmp_path: Path, ckpt: str) ->
         os.close(follower)
         os.close(leader)
     assert proc.returncode == 2 and b"would write binary audio to the terminal" in proc.stderr, proc.stderr
+    leader, follower = pty.openpty()
+    try:  # stdin in, no -o: stdout, here a terminal (the message said "-o None")
+        with open(src, "rb") as stdin:
+            proc = _run_cli("-", "--checkpoint", ckpt, stdin=stdin, stdout=follower, stderr=subprocess.PIPE)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert proc.returncode == 2 and b"-o - would write binary audio to the terminal" in proc.stderr, (
+        proc.stderr
+    )

@@ -93,7 +93,8 @@ def test_compare_refuses_to_mix_settings_in_one_folder(
     assert json.loads((out / "settings.json").read_text())["configs"] == [{"train": {"batch_size": 2}}]
     (out / "settings.json").write_text(json.dumps({"configs": [{}], "steps_per_epoch": 2, "seed": 0}))
     (out / "transformer").mkdir()
-    (out / "transformer" / "state.pt").write_bytes(b"")  # a run was trained with those
+    # a run was trained with those: finished and without its state.pt (copied, or cleaned to save space)
+    (out / "transformer" / "metrics.csv").write_text("epoch\n1\n")
     code = compare_main(["--out", str(out), "--config", str(data), "--configs", "tiny", "--epochs", "1"])
     assert code == 1
     assert "other settings" in capsys.readouterr().err

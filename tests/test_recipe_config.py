@@ -82,6 +82,16 @@ def test_settings_a_recipe_would_not_apply_are_refused(data: dict, message: str)
         from_dict(RunConfig, {"data": data})
 
 
+def test_merged_configs_keep_null_for_an_optional_section() -> None:
+    """A later file may turn an optional section off with null (train.bcd); anything else replacing a section is
+    an error (tested through the command above)."""
+    from recipes.train import merge
+
+    assert merge({"train": {"bcd": {"g_steps": 1}}}, {"train": {"bcd": None}}) == {"train": {"bcd": None}}
+    with pytest.raises(ValueError, match=r"config.train.bcd: expected an object, got int 1"):
+        merge({"train": {"bcd": {"g_steps": 1}}}, {"train": {"bcd": 1}})
+
+
 def test_voicebank_keeps_the_segment_length() -> None:
     cfg = from_dict(
         RunConfig, {"data": {"recipe": "voicebank", "root": "/r", "mixing": {"segment_seconds": 2.0}}}
