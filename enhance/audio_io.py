@@ -33,6 +33,7 @@ MP3_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)  # MP
 # input rates enhanced (CLI, server, recipes): below 1 kHz a file is not speech the 16 kHz model can use, and
 # 768 kHz is the highest rate audio interfaces record
 MIN_RATE, MAX_RATE = 1000, 768_000
+MAX_STREAM_RATE = 384_000  # a live stream's (WebSocket, raw pipe): its resamplers hold back more above it
 MAX_FLOAT_SAMPLE = 1000.0  # float samples beyond this are not audio (the STFT of 3e38 overflows to NaN)
 # file name suffixes treated as audio when scanning folders (CLI inputs, corpora, test sets)
 AUDIO_SUFFIXES = frozenset(
@@ -400,6 +401,12 @@ def encode_audio(
     return buf.getvalue()
 
 
+def refused_container(fmt: str) -> str | None:
+    """Why a container libsndfile writes is not written here (None: it is): SD2, whose resource fork libsndfile
+    puts in a separate "._" file that the rename onto the output leaves behind (and the output unreadable)."""
+    return "SD2 files are not written (use .aiff or .wav)" if fmt.upper() == "SD2" else None
+
+
 def output_format(path: str | os.PathLike[str]) -> tuple[str, str | None]:
     """The container a file name asks for, and the codec its extension implies (``.opus``: Ogg with Opus, not
     libsndfile's default Vorbis; else None). Raises :class:`AudioError` for an extension libsndfile cannot write,
@@ -408,10 +415,9 @@ def output_format(path: str | os.PathLike[str]) -> tuple[str, str | None]:
     fmt = suffix.lstrip(".").upper()
     aliases = {"WAVE": "WAV", "AIF": "AIFF", "OGA": "OGG", "OPUS": "OGG"}
     fmt = aliases.get(fmt, fmt)
-    if (
-        fmt == "SD2"
-    ):  # libsndfile puts its resource fork in a separate "._" file that the rename leaves behind
-        raise AudioError(f"{path}: SD2 files are not written (use .aiff or .wav)")
+    refused = refused_container(fmt)
+    if refused:
+        raise AudioError(f"{path}: {refused}")
     if fmt not in sf.available_formats() or fmt == "RAW":
         raise AudioError(
             f"{path}: cannot write '{suffix or '(no extension)'}' files; use .wav, .flac, .ogg, .opus, .mp3, .aiff "

@@ -37,7 +37,17 @@ from typing import Any, BinaryIO
 import soundfile as sf
 import torch
 
-from enhance.audio_io import AUDIO_SUFFIXES, MIN_RATE, AudioError, fs_path, nearest_existing, output_format
+from enhance.audio_io import (
+    AUDIO_SUFFIXES,
+    MAX_CHANNELS,
+    MAX_STREAM_RATE,
+    MIN_RATE,
+    AudioError,
+    fs_path,
+    nearest_existing,
+    output_format,
+    refused_container,
+)
 from enhance.backends import BACKENDS, REDUCED_PRECISION, streaming_backend
 from enhance.device import usable_device
 from enhance.files import FileResult, enhance_bytes, enhance_file, new_output
@@ -175,10 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pcm", choices=["s16le", "f32le"], help="raw pipe sample format (default s16le)")
     s.add_argument(
         "--rate",
-        type=_ranged(MIN_RATE, 384000),
-        help=f"raw pipe sample rate, {MIN_RATE}-384000 Hz (default 16000)",
+        type=_ranged(MIN_RATE, MAX_STREAM_RATE),
+        help=f"raw pipe sample rate, {MIN_RATE}-{MAX_STREAM_RATE} Hz (default 16000)",
     )
-    s.add_argument("--channels", type=_ranged(1, 64), help="raw pipe channels, 1-64 (default 1)")
+    s.add_argument(
+        "--channels", type=_ranged(1, MAX_CHANNELS), help=f"raw pipe channels, 1-{MAX_CHANNELS} (default 1)"
+    )
     p.add_argument(
         "--json",
         action="store_true",
@@ -544,10 +556,7 @@ def inputs_overwritten(targets: list[tuple[str, str]]) -> str | None:
     --overwrite`` replaced the second input with the first one's result, and ``- -o in.wav < in.wav`` its own
     (stdin redirected from the output file). (An output that is its own input file is refused per file, by
     enhance_file.)"""
-    ids = {_file_id(src): src for src, _ in targets if src != "-" and os.path.isfile(src)}
-    stdin = _stdin_file_id() if any(src == "-" for src, _ in targets) else None
-    if stdin is not None:
-        ids[stdin] = "-"
+    ids = _input_ids(targets)
     names = {os.path.realpath(src): src for src, _ in targets if src != "-"}
     for src, dst in targets:
         if dst == "-":
@@ -563,6 +572,16 @@ def inputs_overwritten(targets: list[tuple[str, str]]) -> str | None:
             if other is not None and os.path.realpath(other) != os.path.realpath(src):
                 return f"{dst}: the output of {src} is also given as an input ({other})"
     return None
+
+
+def _input_ids(targets: list[tuple[str, str]]) -> dict[tuple[int, int] | None, str]:
+    """(device, inode) of every input file, and of the file stdin was redirected from ("-"), to its name."""
+    ids = {_file_id(src): src for src, _ in targets if src != "-" and os.path.isfile(src)}
+    stdin = _stdin_file_id() if any(src == "-" for src, _ in targets) else None
+    if stdin is not None:
+        ids[stdin] = "-"
+    ids.pop(None, None)  # an input that vanished: no id to compare with
+    return ids
 
 
 def _stdin_file_id() -> tuple[int, int] | None:
@@ -706,9 +725,9 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
     if args.stream and "-" in args.inputs and args.output != "-":
         parser.error("--stream - reads raw PCM from stdin and writes it to stdout: use -o -")
-    if args.subtype and args.subtype.upper() not in sf.available_subtypes():
+    if args.subtype and args.subtype.upper() not in sf.available_subtypes():  # (named as the user spelt it)
         parser.error(f"--subtype {args.subtype}: not a sample format libsndfile knows (e.g. PCM_16, FLOAT)")
-    if args.subtype:  # 'float' clipped to [-1, 1] where 'FLOAT' did not
+    if args.subtype:  # one spelling: 'float' clipped to [-1, 1] where 'FLOAT' did not
         args.subtype = args.subtype.upper()
     if sys.stdin is None and "-" in args.inputs:  # started with stdin closed (<&-)
         parser.error("stdin is closed: give an input file")
@@ -728,8 +747,7 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if overwritten:
         parser.error(overwritten)
     maps = [map_target(args.competition_map, src, rel, many) for src, rel in inputs]
-    read = {_file_id(src) for src, _ in targets if src != "-" and os.path.isfile(src)}
-    read.add(_stdin_file_id() if "-" in args.inputs else None)
+    read = _input_ids(targets)
     replaced = next((m for m in maps if m and os.path.isfile(m) and _file_id(m) in read), None)
     if replaced:  # a map named like its input (take.npz) replaced the audio with a zip archive
         parser.error(f"--competition-map {replaced}: is an input file; the map would replace it")
@@ -768,8 +786,9 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     args.pcm, args.rate, args.channels = args.pcm or "s16le", args.rate or 16000, args.channels or 1
     if args.format and args.format.upper() == "OPUS":  # as `-o x.opus` names it: Opus in an Ogg container
         args.format, args.subtype = "OGG", args.subtype or "OPUS"
-    if args.format and args.format.upper() == "SD2":
-        parser.error("--format SD2: not written (libsndfile puts part of the file in a separate '._' file)")
+    refused = refused_container(args.format) if args.format else None
+    if refused:
+        parser.error(f"--format {args.format}: {refused}")
     if args.format and args.format.upper() not in sf.available_formats():
         parser.error(
             f"--format {args.format}: not a format this build can write ({', '.join(sf.available_formats())})"

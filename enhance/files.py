@@ -130,9 +130,8 @@ def enhance_stream(
         rate, channels, frames = fin.samplerate, fin.channels, fin.frames
         if frames == 0:
             raise AudioError(f"{name}: contains no samples (zero-length audio)")
-        check_header(
-            name, frames, channels, rate
-        )  # as load_audio says it (the engine's own check names no file)
+        # as load_audio says it (the engine's own check names no file)
+        check_header(name, frames, channels, rate)
         fmt = out_format or fin.format
         if fmt not in sf.available_formats():
             raise AudioError(f"{name}: cannot write format {fmt}")

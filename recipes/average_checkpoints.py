@@ -75,9 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         if Path(args.out).resolve() in {Path(c).resolve() for c in args.checkpoints}:
             raise ValueError(f"--out {args.out} is one of the inputs; write the average elsewhere")
         blocked = nearest_existing(Path(args.out).parent)
-        if Path(args.out).is_dir() or (
-            blocked is not None and not blocked.is_dir()
-        ):  # tracebacks, after the work
+        # a folder, or a path under a file: tracebacks, after the work
+        if Path(args.out).is_dir() or (blocked is not None and not blocked.is_dir()):
             raise ValueError(
                 f"--out {args.out}: give a file path (a folder, or a path under a file, is not one)"
             )

@@ -32,7 +32,7 @@ from enhance.audio_io import atomic_path
 from models.registry import REGISTRY
 from recipes.datasets import DataConfig
 from recipes.evaluate import positive_int
-from recipes.run_folder import out_folder_problem, read_csv
+from recipes.run_folder import out_folder_problem, read_csv, trained_files
 from recipes.train import merge, read_config
 from recipes.trainer import LEGACY_DATA
 
@@ -113,16 +113,9 @@ def check_settings(args: argparse.Namespace) -> None:
     path = args.out / "settings.json"
     if path.is_file():
         saved = {**LEGACY_DATA, **json.loads(path.read_text())}  # its "dc_blocker" key: only since session 26
-        trained = any(  # a finished run may have no state.pt left (copied, or cleaned to save space)
-            any(
-                (d / n).is_file() for n in ("state.pt", "metrics.csv", "best.safetensors", "last.safetensors")
-            )
-            for d in args.out.iterdir()
-            if d.is_dir()
-        )
-        if (
-            saved != settings and trained
-        ):  # (settings.json of an attempt that trained nothing: replaced below)
+        trained = any(trained_files(d) for d in args.out.iterdir() if d.is_dir())
+        # the settings.json of an attempt that trained nothing (a typo in a path) is replaced below
+        if saved != settings and trained:
             before = (
                 " (its runs were trained without the DC blocker)"
                 if saved["dc_blocker"] != settings["dc_blocker"]

@@ -20,9 +20,8 @@ from enhance.stft import STFTConfig
 from recipes.mixing import MixingDataset
 from recipes.paired import PairedDataset
 
-HOP = (
-    STFTConfig().hop_length
-)  # the engines filter in hop-aligned blocks: the same samples as they give the model
+# the engines filter in hop-aligned blocks: the same samples as they give the model
+HOP = STFTConfig().hop_length
 
 
 def dc_blocked(wav: np.ndarray) -> np.ndarray:

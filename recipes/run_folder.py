@@ -68,6 +68,15 @@ def release(run_dir: Path) -> None:
         os.close(fd)  # closing the descriptor releases the flock
 
 
+RUN_FILES = ("state.pt", "metrics.csv", "best.safetensors", "last.safetensors")
+
+
+def trained_files(run_dir: Path) -> list[str]:
+    """Which of :data:`RUN_FILES` ``run_dir`` holds: a run trained there (a finished one may have no state.pt
+    left, copied or cleaned to save space)."""
+    return [n for n in RUN_FILES if (run_dir / n).is_file()]
+
+
 def write_json(path: Path, data: Any) -> None:
     with atomic_path(path) as tmp:
         Path(tmp).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

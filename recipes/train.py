@@ -45,9 +45,8 @@ def merge(base: dict[str, Any], over: dict[str, Any], where: str = "config") -> 
     error (``{"train": 5}`` after a file with a train section silently dropped its settings)."""
     out = dict(base)
     for k, v in over.items():
-        if (
-            isinstance(out.get(k), dict) and not isinstance(v, dict) and v is not None
-        ):  # null: off (train.bcd)
+        # null may replace a section: it turns an optional one off (train.bcd)
+        if isinstance(out.get(k), dict) and not isinstance(v, dict) and v is not None:
             raise ValueError(f"{where}.{k}: expected an object, got {type(v).__name__} {v!r}")
         out[k] = (
             merge(out[k], v, f"{where}.{k}") if isinstance(v, dict) and isinstance(out.get(k), dict) else v

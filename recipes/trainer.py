@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -441,11 +441,7 @@ class Trainer:
         elif self.resume:
             raise FileNotFoundError(f"{state_path}: nothing to resume")
         else:  # files of an earlier run with no state to continue it: this run's metrics would follow its rows
-            earlier = [
-                n
-                for n in ("metrics.csv", "best.safetensors", "last.safetensors")
-                if (self.run_dir / n).exists()
-            ]
+            earlier = run_folder.trained_files(self.run_dir)  # (no state.pt here)
             if earlier:
                 raise FileExistsError(
                     f"{self.run_dir} holds {', '.join(earlier)} of an earlier run but no state.pt to resume it "
@@ -675,7 +671,7 @@ class Trainer:
                 assert isinstance(model, Enhancer)
                 yield model
 
-    def _diverged(self, what: str) -> None:
+    def _diverged(self, what: str) -> NoReturn:
         raise ValueError(
             f"training diverged: {what}; start a new run "
             "with a lower --lr or other loss settings (a --resume repeats the same steps). The checkpoints and "

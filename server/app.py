@@ -193,7 +193,7 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
 
     if (STATIC_DIR / "index.html").is_file():
 
-        @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+        @app.get("/", include_in_schema=False)  # HEAD too, as every GET (answer_head below)
         async def index() -> FileResponse:
             return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers=REVALIDATE)
 
@@ -202,7 +202,7 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
             return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
 
         # the page itself lives at /: its links are relative, so served from /static/ it loaded nothing
-        @app.api_route("/static/index.html", methods=["GET", "HEAD"], include_in_schema=False)
+        @app.get("/static/index.html", include_in_schema=False)
         async def index_elsewhere() -> RedirectResponse:
             return RedirectResponse("/", status_code=308)
 

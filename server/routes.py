@@ -18,6 +18,7 @@ from server.jobs import Job
 from server.metrics import CONTENT_TYPE
 from server.registry import LoadedModel
 from server.schemas import (
+    MODEL_NAME_MAX,
     AnalyzeFormat,
     AnalyzeResponse,
     AudioFormat,
@@ -81,7 +82,9 @@ AUDIO_ERRORS = _errors(400, 401, 404, 408, 413, 415, 422, 503, 504)
 
 
 def _model_query() -> Any:
-    return Query(max_length=100, description="name of a loaded model (GET /v1/models); default: the first")
+    return Query(
+        max_length=MODEL_NAME_MAX, description="name of a loaded model (GET /v1/models); default: the first"
+    )
 
 
 router = APIRouter()

@@ -7,7 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from enhance.audio_io import MAX_CHANNELS, MIN_RATE
+from enhance.audio_io import MAX_CHANNELS, MAX_STREAM_RATE, MIN_RATE
+
+MODEL_NAME_MAX = 100  # characters of a model name in a request (?model=, a stream's start message)
 
 
 class ErrorDetail(BaseModel):
@@ -143,11 +145,11 @@ class StreamStart(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    sample_rate: int = Field(16000, ge=MIN_RATE, le=384000)
+    sample_rate: int = Field(16000, ge=MIN_RATE, le=MAX_STREAM_RATE)
     # the server's --max-channels (default 8) is checked after this, as for a POST
     channels: int = Field(1, ge=1, le=MAX_CHANNELS)
     format: Literal["s16le", "f32le"] = "s16le"
-    model: str | None = Field(None, max_length=100)  # as the POST's ?model=
+    model: str | None = Field(None, max_length=MODEL_NAME_MAX)
     api_key: str | None = Field(None, description="for browsers, which cannot set headers on WebSockets")
     resampling: Literal["high", "low_latency"] = Field(
         "high",
