@@ -3,6 +3,7 @@
 #
 #   bash recipes/remote_train.sh start MINUTES [tim-train flags...]  # install carried wheels, start a detached run
 #   bash recipes/remote_train.sh wait  SECONDS                       # watch it; copy results to $OUT
+#   bash recipes/remote_train.sh snaps MINUTES [tim-train flags...]  # one call: a fine-tune, many epochs back
 #
 # `start` installs the wheels in .gpu/whl (soundfile, cffi, pycparser, soxr: what that machine's Python lacks),
 # starts `python -m recipes.train ... --out $RUN --time-budget-minutes MINUTES` in its own process session (it
@@ -11,6 +12,13 @@
 # checkpoints to $OUT, checkpoints split into 15 MiB parts (join with `cat best.safetensors.part-* > ...`).
 # state.pt (model + Adam state, 71 MB for the default model) does not fit in what a call hands back (64 MiB):
 # --resume works while the same machine stays warm; after that, continue with --init-from (a fresh optimizer).
+#
+# `snaps` is for a session's one call: it starts the run as `start` does (the flags must include --init-from BASE),
+# and after every epoch writes that epoch's weights as a float16 difference from BASE (recipes.checkpoint_delta:
+# 11.8 MB for the default model instead of 23.6), so that more epochs fit in what a call hands back. When the run
+# ends (or after WAIT_SECONDS), $OUT gets run.tar.gz (config, environment, metrics, log) and the deltas of at most
+# MAX_SNAPS (5) epochs: the last and evenly spaced earlier ones. Decode here with
+# `python -m recipes.checkpoint_delta decode BASE epN.delta epN.safetensors`.
 #
 # Settings (environment): RUN (the run folder, /tmp/tim-run), WORK (log, pid and wheel site, /tmp), PYTHON
 # (python3), START_WAIT (seconds `start` waits before its first look, 60), WAIT_SECONDS (how long `start` then
@@ -45,8 +53,45 @@ watch() {
     collect
 }
 
+snaps() {
+    local base="" prev=""
+    for a in "$@"; do [ "$prev" = "--init-from" ] && base=$a; prev=$a; done
+    [ -n "$base" ] || { echo "remote_train: snaps needs --init-from BASE" >&2; exit 2; }
+    local snapdir=$WORK/snaps done_rows=0 until=$(( $(date +%s) + ${WAIT_SECONDS:-420} ))
+    mkdir -p "$snapdir" "$OUT"
+    while :; do
+        local alive=1
+        kill -0 "$(cat "$PID")" 2> /dev/null || alive=0
+        local rows=0
+        [ -f "$RUN/metrics.csv" ] && rows=$(( $(wc -l < "$RUN/metrics.csv") - 1 ))
+        if [ "$rows" -gt "$done_rows" ]; then  # last.safetensors is saved before the epoch's CSV row
+            local ep
+            ep=$(tail -n 1 "$RUN/metrics.csv" | cut -d, -f1)
+            PYTHONPATH="$SITE:$PWD" "$PYTHON" -m recipes.checkpoint_delta encode "$base" "$RUN/last.safetensors" \
+                "$snapdir/ep$ep.delta" && echo "[remote] epoch $ep kept"
+            done_rows=$rows
+        fi
+        [ "$alive" = 1 ] && [ "$(date +%s)" -lt "$until" ] || break
+        sleep 3
+    done
+    grep -E "^\[train\] (epoch [0-9]+:|stopped|skipped)|Error|error" "$LOG" | tail -n 40 || true
+    tar -czf "$OUT/run.tar.gz" -C "$RUN" $(cd "$RUN" && ls config.json env.json metrics.csv 2> /dev/null) \
+        -C "$WORK" train.log
+    local kept
+    kept=$(ls "$snapdir" | sed 's/^ep\([0-9]*\)\.delta$/\1/' | sort -n)
+    echo "$kept" | "$PYTHON" -c "
+import sys
+eps = [int(x) for x in sys.stdin.read().split()]
+k = min(int(sys.argv[1]), len(eps))
+picks = sorted({eps[round(i * (len(eps) - 1) / (k - 1))] for i in range(k)} if k > 1 else set(eps[-1:]))
+print(' '.join(map(str, picks)))" "${MAX_SNAPS:-5}" | tr ' ' '\n' | while read -r ep; do
+        [ -n "$ep" ] && cp "$snapdir/ep$ep.delta" "$OUT/"
+    done
+    ls -l "$OUT"
+}
+
 case "$cmd" in
-start)
+start | snaps)
     minutes=$1; shift
     if compgen -G ".gpu/whl/*.whl" > /dev/null; then
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
@@ -57,15 +102,19 @@ start)
     PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 setsid nohup "$PYTHON" -m recipes.train --out "$RUN" \
         --time-budget-minutes "$minutes" "$@" >> "$LOG" 2>&1 < /dev/null &
     echo $! > "$PID"
-    sleep "${START_WAIT:-60}"
-    tail -n 20 "$LOG"
-    watch "${WAIT_SECONDS:-420}"
+    if [ "$cmd" = snaps ]; then
+        snaps "$@"
+    else
+        sleep "${START_WAIT:-60}"
+        tail -n 20 "$LOG"
+        watch "${WAIT_SECONDS:-420}"
+    fi
     ;;
 wait)
     watch "${1:?wait needs SECONDS}"
     ;;
 *)
-    echo "usage: $0 start MINUTES [flags] | wait SECONDS" >&2
+    echo "usage: $0 start MINUTES [flags] | wait SECONDS | snaps MINUTES [flags]" >&2
     exit 2
     ;;
 esac
