@@ -11,7 +11,9 @@
 # here; NO_WHEELS=1 skips them. Files already there are kept (compact_corpus skips done files, the dev copy and
 # pip download overwrite with the same bytes), so running it again is cheap.
 # Then prints the bundle's size and the tracked tree's against the 64 MiB, and exits 1 if they do not fit.
-# Settings (environment): PYTHON (python), NO_WHEELS, LIMIT_MIB (64).
+# Settings (environment): PYTHON (python), NO_WHEELS, LIMIT_MIB (64), SPEECH_LEVEL (0.9), NOISE_LEVEL (0.95),
+# DEV_EVERY (4: every 4th dev pair). Session 28's suggestion for the next GPU run, the noise less coded:
+# NOISE_LEVEL=0.9 DEV_EVERY=8 (9.9 MiB of noise, 15 dev pairs) into a fresh DEST (files already there are kept).
 set -euo pipefail
 DATA=${1:-../shared/data}
 DEST=${2:-.gpu}
@@ -20,14 +22,17 @@ for d in "$DATA/speech/train" "$DATA/noise/train" "$DATA/dev/noisy" "$DATA/dev/c
     [ -d "$d" ] || { echo "gpu_bundle: $d is not a folder (DATA must be a corpus laid out like ../shared/data)" >&2; exit 2; }
 done
 
-"$PYTHON" -m recipes.compact_corpus "$DATA/speech/train" "$DEST/data/speech" --level 0.9
-"$PYTHON" -m recipes.compact_corpus "$DATA/noise/train" "$DEST/data/noise" --level 0.95
+DEV_EVERY=${DEV_EVERY:-4}
+[[ "$DEV_EVERY" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_bundle: DEV_EVERY must be a positive whole number, not '$DEV_EVERY'" >&2; exit 2; }
+
+"$PYTHON" -m recipes.compact_corpus "$DATA/speech/train" "$DEST/data/speech" --level "${SPEECH_LEVEL:-0.9}"
+"$PYTHON" -m recipes.compact_corpus "$DATA/noise/train" "$DEST/data/noise" --level "${NOISE_LEVEL:-0.95}"
 
 mkdir -p "$DEST/data/dev/noisy" "$DEST/data/dev/clean"
 i=0
 n_dev=0
 while IFS= read -r name; do
-    if [ $((i % 4)) -eq 0 ]; then
+    if [ $((i % DEV_EVERY)) -eq 0 ]; then
         [ -f "$DATA/dev/clean/$name" ] || { echo "gpu_bundle: $DATA/dev/clean/$name is missing" >&2; exit 2; }
         cp "$DATA/dev/noisy/$name" "$DEST/data/dev/noisy/"
         cp "$DATA/dev/clean/$name" "$DEST/data/dev/clean/"

@@ -53,10 +53,18 @@ watch() {
     collect
 }
 
+init_from() {  # the --init-from BASE among the flags (--init-from=BASE too), or nothing
+    local prev=""
+    for a in "$@"; do
+        [ "$prev" = "--init-from" ] && echo "$a"
+        case "$a" in --init-from=*) echo "${a#--init-from=}" ;; esac
+        prev=$a
+    done
+}
+
 snaps() {
-    local base="" prev=""
-    for a in "$@"; do [ "$prev" = "--init-from" ] && base=$a; prev=$a; done
-    [ -n "$base" ] || { echo "remote_train: snaps needs --init-from BASE" >&2; exit 2; }
+    local base
+    base=$(init_from "$@" | tail -n 1)
     local snapdir=$WORK/snaps done_rows=0 until=$(( $(date +%s) + ${WAIT_SECONDS:-420} ))
     mkdir -p "$snapdir" "$OUT"
     while :; do
@@ -93,11 +101,16 @@ print(' '.join(map(str, picks)))" "${MAX_SNAPS:-5}" | tr ' ' '\n' | while read -
 case "$cmd" in
 start | snaps)
     minutes=$1; shift
+    if [ "$cmd" = snaps ] && [ -z "$(init_from "$@")" ]; then
+        echo "remote_train: snaps needs --init-from BASE (the deltas are differences from it)" >&2
+        exit 2
+    fi
     if compgen -G ".gpu/whl/*.whl" > /dev/null; then
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
             .gpu/whl/*.whl
     fi
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2> /dev/null || true
+    mkdir -p "$WORK"
     : > "$LOG"  # there before the first look (the background run opens it when it gets to it)
     PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 setsid nohup "$PYTHON" -m recipes.train --out "$RUN" \
         --time-budget-minutes "$minutes" "$@" >> "$LOG" 2>&1 < /dev/null &

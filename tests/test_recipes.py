@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -1277,6 +1278,28 @@ def test_gpu_bundle_script_builds_the_carried_folder_and_checks_its_size(tmp_pat
         timeout=CLI_TIMEOUT,
     )
     assert wrong.returncode == 2 and "is not a folder" in wrong.stderr
+    # fewer dev pairs (session 28: room for less-coded noise): every 5th of 6 is pairs 0 and 5
+    dest5 = tmp_path / "bundle5"
+    fewer = subprocess.run(
+        [*script[:3], str(dest5)],
+        cwd=ROOT,
+        env={**env, "DEV_EVERY": "5"},
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT,
+    )
+    assert fewer.returncode == 0, fewer.stderr
+    assert sorted(p.name for p in (dest5 / "data/dev/noisy").iterdir()) == ["0000.flac", "0005.flac"]
+    for bad in ("0", "x"):
+        refused = subprocess.run(
+            script,
+            cwd=ROOT,
+            env={**env, "DEV_EVERY": bad},
+            capture_output=True,
+            text=True,
+            timeout=CLI_TIMEOUT,
+        )
+        assert refused.returncode == 2 and "DEV_EVERY must be a positive whole number" in refused.stderr
 
 
 def test_remote_train_script_runs_a_detached_training_and_hands_back_its_files(
@@ -1322,6 +1345,42 @@ def test_remote_train_script_runs_a_detached_training_and_hands_back_its_files(
         ["bash", script, "sideways"], cwd=work, env=env, capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 2 and "usage" in bad.stderr
+    # `snaps` (session 28): a fine-tune of those weights; each epoch's weights as a float16 delta from them
+    run2, out2 = tmp_path / "run2", tmp_path / "out2"
+    env2 = {**env, "RUN": str(run2), "OUT": str(out2), "WORK": str(tmp_path / "work2"), "MAX_SNAPS": "2"}
+    base = run / "last.safetensors"
+    args2 = folders_args(folders, "--epochs", "3", "--max-steps-per-epoch", "3", "--init-from", str(base))
+    snaps = subprocess.run(
+        ["bash", script, "snaps", "10", *args2],
+        cwd=work,
+        env=env2,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert snaps.returncode == 0, snaps.stderr
+    deltas = sorted(p.name for p in out2.glob("ep*.delta"))
+    assert "ep3.delta" in deltas and len(deltas) <= 2  # the last epoch always, at most MAX_SNAPS
+    with tarfile.open(out2 / "run.tar.gz") as tar:
+        assert sorted(tar.getnames()) == ["config.json", "env.json", "metrics.csv", "train.log"]
+    from recipes.checkpoint_delta import decode
+
+    decode(base, out2 / "ep3.delta", tmp_path / "ep3.safetensors")
+    got = load_checkpoint(tmp_path / "ep3.safetensors").model.state_dict()
+    want, start = (load_checkpoint(p).model.state_dict() for p in (run2 / "last.safetensors", base))
+    assert any(not torch.equal(want[k], start[k]) for k in want)  # it trained
+    assert all(
+        bool(((got[k] - want[k]).abs() <= 1e-3 * (want[k] - start[k]).abs() + 1e-7).all()) for k in want
+    )
+    nobase = subprocess.run(
+        ["bash", script, "snaps", "10", *folders_args(folders)],
+        cwd=work,
+        env=env2,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert nobase.returncode == 2 and "snaps needs --init-from" in nobase.stderr
 
 
 def test_every_shipped_config_resolves(tmp_path: Path) -> None:
