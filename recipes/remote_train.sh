@@ -67,6 +67,7 @@ snaps() {
     base=$(init_from "$@" | tail -n 1)
     local snapdir=$WORK/snaps done_rows=0 until=$(( $(date +%s) + ${WAIT_SECONDS:-420} ))
     mkdir -p "$snapdir" "$OUT"
+    rm -f "$snapdir"/ep*.delta  # an earlier call's, already handed back
     while :; do
         local alive=1
         kill -0 "$(cat "$PID")" 2> /dev/null || alive=0
@@ -83,18 +84,23 @@ snaps() {
         sleep 3
     done
     grep -E "^\[train\] (epoch [0-9]+:|stopped|skipped)|Error|error" "$LOG" | tail -n 40 || true
-    tar -czf "$OUT/run.tar.gz" -C "$RUN" $(cd "$RUN" && ls config.json env.json metrics.csv 2> /dev/null) \
-        -C "$WORK" train.log
-    local kept
+    local info=()  # what the run wrote of these (none, if it failed before making its folder)
+    for f in config.json env.json metrics.csv; do [ -f "$RUN/$f" ] && info+=(-C "$RUN" "$f"); done
+    tar -czf "$OUT/run.tar.gz" "${info[@]}" -C "$WORK" train.log
+    local kept picks
     kept=$(ls "$snapdir" | sed 's/^ep\([0-9]*\)\.delta$/\1/' | sort -n)
-    echo "$kept" | "$PYTHON" -c "
+    picks=$(echo "$kept" | "$PYTHON" -c "
 import sys
 eps = [int(x) for x in sys.stdin.read().split()]
 k = min(int(sys.argv[1]), len(eps))
-picks = sorted({eps[round(i * (len(eps) - 1) / (k - 1))] for i in range(k)} if k > 1 else set(eps[-1:]))
-print(' '.join(map(str, picks)))" "${MAX_SNAPS:-5}" | tr ' ' '\n' | while read -r ep; do
-        [ -n "$ep" ] && cp "$snapdir/ep$ep.delta" "$OUT/"
-    done
+n = len(eps)  # the last epoch, then evenly back to the first
+print(' '.join(map(str, sorted({eps[n - 1 - round(i * (n - 1) / max(k - 1, 1))] for i in range(k)}))))
+" "${MAX_SNAPS:-5}")
+    for ep in $picks; do cp "$snapdir/ep$ep.delta" "$OUT/"; done
+    if [ -z "$picks" ]; then
+        echo "[remote] no epoch finished: no weights to hand back (the log is in run.tar.gz)" >&2
+        exit 1
+    fi
     ls -l "$OUT"
 }
 

@@ -1381,6 +1381,20 @@ def test_remote_train_script_runs_a_detached_training_and_hands_back_its_files(
         timeout=60,
     )
     assert nobase.returncode == 2 and "snaps needs --init-from" in nobase.stderr
+    # a run that fails before its first epoch: exit 1, and the log still comes back
+    out3 = tmp_path / "out3"
+    failed = subprocess.run(
+        ["bash", script, "snaps", "10", *folders_args(folders, "--init-from", str(tmp_path / "missing.st"))],
+        cwd=work,
+        env={**env2, "RUN": str(tmp_path / "run3"), "OUT": str(out3)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert failed.returncode == 1 and "no epoch finished" in failed.stderr
+    with tarfile.open(out3 / "run.tar.gz") as tar:
+        log = tar.extractfile("train.log")
+        assert log is not None and b"missing.st" in log.read()
 
 
 def test_every_shipped_config_resolves(tmp_path: Path) -> None:
