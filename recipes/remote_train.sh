@@ -13,7 +13,8 @@
 # state.pt (model + Adam state, 71 MB for the default model) does not fit in what a call hands back (64 MiB):
 # --resume works while the same machine stays warm; after that, continue with --init-from (a fresh optimizer).
 #
-# `snaps` is for a session's one call: it starts the run as `start` does (the flags must include --init-from BASE),
+# `snaps` is for a session's one call: it starts the run as `start` does (the flags must include --init-from BASE;
+# to go on with `--resume` on the still-warm machine, give BASE=... in the environment instead),
 # and after every epoch writes that epoch's weights as a float16 difference from BASE (recipes.checkpoint_delta:
 # 11.8 MB for the default model instead of 23.6), so that more epochs fit in what a call hands back. When the run
 # ends (or after WAIT_SECONDS), $OUT gets run.tar.gz (config, environment, metrics, log) and the deltas of at most
@@ -64,7 +65,7 @@ init_from() {  # the --init-from BASE among the flags (--init-from=BASE too), or
 
 snaps() {
     local base
-    base=$(init_from "$@" | tail -n 1)
+    base=${BASE:-$(init_from "$@" | tail -n 1)}
     local snapdir=$WORK/snaps done_rows=0 until=$(( $(date +%s) + ${WAIT_SECONDS:-420} ))
     mkdir -p "$snapdir" "$OUT"
     rm -f "$snapdir"/ep*.delta  # an earlier call's, already handed back
@@ -107,8 +108,8 @@ print(' '.join(map(str, sorted({eps[n - 1 - round(i * (n - 1) / max(k - 1, 1))] 
 case "$cmd" in
 start | snaps)
     minutes=$1; shift
-    if [ "$cmd" = snaps ] && [ -z "$(init_from "$@")" ]; then
-        echo "remote_train: snaps needs --init-from BASE (the deltas are differences from it)" >&2
+    if [ "$cmd" = snaps ] && [ -z "${BASE:-}" ] && [ -z "$(init_from "$@")" ]; then
+        echo "remote_train: snaps needs --init-from BASE, or BASE=... for a --resume (the deltas are differences from it)" >&2
         exit 2
     fi
     if compgen -G ".gpu/whl/*.whl" > /dev/null; then

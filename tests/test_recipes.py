@@ -1372,6 +1372,17 @@ def test_remote_train_script_runs_a_detached_training_and_hands_back_its_files(
     assert all(
         bool(((got[k] - want[k]).abs() <= 1e-3 * (want[k] - start[k]).abs() + 1e-7).all()) for k in want
     )
+    # going on with --resume (BASE in the environment, since --resume takes no --init-from): one more epoch
+    more = subprocess.run(
+        ["bash", script, "snaps", "10", "--resume", "--epochs", "4"],
+        cwd=work,
+        env={**env2, "BASE": str(base)},
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert more.returncode == 0, more.stderr
+    assert "ep4.delta" in {p.name for p in out2.glob("ep*.delta")}
     nobase = subprocess.run(
         ["bash", script, "snaps", "10", *folders_args(folders)],
         cwd=work,
