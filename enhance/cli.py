@@ -551,12 +551,11 @@ def _file_id(path: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-def inputs_overwritten(targets: list[tuple[str, str]]) -> str | None:
+def inputs_overwritten(targets: list[tuple[str, str]], ids: dict[tuple[int, int] | None, str]) -> str | None:
     """Why the outputs would overwrite another input (None: they do not): ``a.wav a.enhanced.wav
     --overwrite`` replaced the second input with the first one's result, and ``- -o in.wav < in.wav`` its own
     (stdin redirected from the output file). (An output that is its own input file is refused per file, by
-    enhance_file.)"""
-    ids = _input_ids(targets)
+    enhance_file.) ``ids``: :func:`_input_ids` of ``targets``."""
     names = {os.path.realpath(src): src for src, _ in targets if src != "-"}
     for src, dst in targets:
         if dst == "-":
@@ -743,11 +742,13 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(
             f"-o {args.output or '-'} would write binary audio to the terminal: pipe or redirect it (| or >)"
         )
-    overwritten = inputs_overwritten(targets) or unwritable(targets, args.output, args.format, args.subtype)
+    read = _input_ids(targets)
+    overwritten = inputs_overwritten(targets, read) or unwritable(
+        targets, args.output, args.format, args.subtype
+    )
     if overwritten:
         parser.error(overwritten)
     maps = [map_target(args.competition_map, src, rel, many) for src, rel in inputs]
-    read = _input_ids(targets)
     replaced = next((m for m in maps if m and os.path.isfile(m) and _file_id(m) in read), None)
     if replaced:  # a map named like its input (take.npz) replaced the audio with a zip archive
         parser.error(f"--competition-map {replaced}: is an input file; the map would replace it")

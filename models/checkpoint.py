@@ -8,6 +8,7 @@ interrupted save never leaves a corrupt checkpoint behind.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -54,6 +55,15 @@ def software_versions() -> dict[str, str]:
         "safetensors": safetensors.__version__,
         "python": platform.python_version(),
     }
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """SHA-256 of a file (a checkpoint: the model card's and the golden targets' digest, a delta's base)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def save_checkpoint(

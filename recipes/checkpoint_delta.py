@@ -18,7 +18,6 @@ The delta file records the base's SHA-256; decoding with another base is refused
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import safetensors.torch
 import torch
 
 from enhance.audio_io import atomic_path
+from models.checkpoint import file_sha256
 
 DELTA_FORMAT = "tim-enhance-checkpoint-delta/1"
 
@@ -35,19 +35,10 @@ class DeltaError(Exception):
     """A delta that cannot be made or applied, with the reason."""
 
 
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _read(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     try:
         with safetensors.safe_open(str(path), framework="pt") as f:
-            meta = dict(f.metadata() or {})
-        return safetensors.torch.load_file(str(path)), meta
+            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})  # noqa: SIM118 (not iterable)
     except FileNotFoundError:
         raise DeltaError(f"{path}: no such file") from None
     except Exception as exc:  # safetensors raises several types for truncated or foreign files

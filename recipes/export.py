@@ -12,7 +12,6 @@ Every number in the card comes from this command's own evaluation run.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -29,7 +28,7 @@ import torch
 
 from enhance.audio_io import atomic_path
 from enhance.offline import enhance_waveform
-from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from models.checkpoint import CheckpointError, file_sha256, load_checkpoint, save_checkpoint
 from models.enhancer import count_parameters
 from models.pretrained import DEFAULT_MODEL, PRETRAINED_DIR
 from recipes.evaluate import DNSMOS_KEYS, evaluate, left_out, markdown_table, positive_int
@@ -41,10 +40,6 @@ from recipes.trainer import LEGACY_DATA, SELECT_BY
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_NOISY, EXAMPLE_CLEAN = ROOT / "examples" / "noisy.wav", ROOT / "examples" / "clean.wav"
 GOLDEN = ROOT / "tests" / "golden" / "example.json"
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def file_section(name: str, digest: str) -> str:
@@ -494,10 +489,10 @@ def main(argv: list[str] | None = None) -> int:
     staged = target.with_name(f".{target.stem}.staged.safetensors")
     try:
         save_checkpoint(staged, ck.model, ck.name, training)
-        card += file_section(args.name, sha256(staged))
+        card += file_section(args.name, file_sha256(staged))
         golden = None
         if args.name == DEFAULT_MODEL:  # the numbers of the file as saved, read back
-            golden = {"model_sha256": sha256(staged), **example_metrics(load_checkpoint(staged).model)}
+            golden = {"model_sha256": file_sha256(staged), **example_metrics(load_checkpoint(staged).model)}
         os.replace(staged, target)
     finally:
         staged.unlink(missing_ok=True)

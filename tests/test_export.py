@@ -12,6 +12,7 @@ import soundfile as sf
 import torch
 
 from models import Enhancer, get_config
+from models.checkpoint import file_sha256
 from recipes.export import best_row, sweep_attenuation, sweep_table
 from recipes.pairs import discover_pairs
 from tests.audio_trees import build_folders
@@ -319,5 +320,5 @@ def test_export_writes_nothing_until_everything_it_needs_is_there(
     assert same_weights(run / "ep9.safetensors", shipped)
     assert not same_weights(run / "best.safetensors", shipped)
     assert card.endswith(
-        f"SHA-256 `{export.sha256(shipped)}` (`sha256sum models/pretrained/scratch.safetensors`).\n"
+        f"SHA-256 `{file_sha256(shipped)}` (`sha256sum models/pretrained/scratch.safetensors`).\n"
     )

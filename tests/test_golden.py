@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 
+from models.checkpoint import file_sha256
 from models.pretrained import pretrained_path
-from recipes.export import EXAMPLE_CLEAN, EXAMPLE_NOISY, GOLDEN, file_section, sha256
+from recipes.export import EXAMPLE_CLEAN, EXAMPLE_NOISY, GOLDEN, file_section
 from recipes.metrics import pesq_wb, si_sdr, stoi
 from tests.conftest import ROOT
 
@@ -29,7 +30,9 @@ def golden() -> dict:
 
 
 def test_golden_targets_belong_to_the_bundled_model(golden: dict) -> None:
-    assert golden["model_sha256"] == sha256(pretrained_path()), "bundled model changed: re-run recipes.export"
+    assert golden["model_sha256"] == file_sha256(pretrained_path()), (
+        "bundled model changed: re-run recipes.export"
+    )
     card = pretrained_path().with_suffix(".md").read_text()  # the model card describes this very file
     assert f"SHA-256 `{golden['model_sha256']}`" in card
     assert card.endswith(
