@@ -11,7 +11,8 @@ step alone at 1 and 2 frames per call (no free-frame-count export there) and the
 
 A per-hop stream reads every weight of the model once per 16 ms hop: 23 MB in float32 for the default model, which
 sets a floor under the real-time factor (``bench/bench_step_floor.py``). ``enhance.onnx_backend.quantize_step``
-stores the weights in int8, a quarter of the bytes. This measures, in one process on one CPU thread:
+stores the weights in 8 bits (per block of 32, with their scales), about a quarter of the bytes. This measures, in
+one process on one CPU thread:
 
 * **speed** of the ``onnxruntime`` and ``onnxruntime-int8`` backends as ``enhance.backends`` builds them (a
   one-frame step for per-hop calls beside the free one): the step alone (ms per call, 1 and 2 new frames, and

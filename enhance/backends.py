@@ -9,9 +9,10 @@
   (``bench/bench_chunk_sizes.py``). CPU, float32.
 * ``onnxruntime``: :class:`enhance.onnx_backend.OnnxStepper` on the step exported to temporary files (up to 64
   frames per call, and a one-frame export for per-hop calls); needs the ``onnx`` extra.
-* ``onnxruntime-int8``: the same with the step's weights in int8 (:func:`enhance.onnx_backend.quantize_step`):
-  faster per 16 ms hop, but not the same samples (about 32 dB signal to difference on the default model, and
-  slightly lower scores: PESQ -0.017, DNSMOS OVRL -0.016; ``bench/bench_int8.py``). Chosen only by name. Creating it exports and quantises two steps: seconds of
+* ``onnxruntime-int8``: the same with the step's weights in 8 bits, one scale per block of 32
+  (:func:`enhance.onnx_backend.quantize_step`): faster per 16 ms hop, but not the same samples (about 42 dB signal
+  to difference on the default model; no score difference measurable on the 120 dev pairs, ``bench/bench_int8.py``).
+  Chosen only by name. Creating it exports and quantises two steps: seconds of
   start-up per CLI run or server model.
 * ``native``: :class:`enhance.native_backend.NativeStepper`, the step in plain C (compiled on first use; needs a C
   compiler): no per-operation overhead, each weight matrix read once for up to 16 frames per call, the fastest
@@ -48,7 +49,7 @@ from models.static_step import unsupported
 NATIVE = {"native": "float32", "native-fp16": "float16", "native-int8": "int8"}
 # the reduced-precision backends' distance from the float output on the bundled default (median signal to
 # difference over the 120 dev pairs, bench/bench_int8.py), for both commands' --help
-REDUCED_PRECISION = "native-fp16 / native-int8 / onnxruntime-int8: reduced weights, faster, about 81 / 47 / 32 dB from the float output"
+REDUCED_PRECISION = "native-fp16 / native-int8 / onnxruntime-int8: reduced weights, faster, about 81 / 47 / 42 dB from the float output"
 
 BACKENDS = ("auto", "pytorch", "torchscript", *NATIVE, "onnxruntime", "onnxruntime-int8")
 

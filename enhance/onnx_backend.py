@@ -7,10 +7,9 @@
 complete out), so the engine's framing, overlap-add and latency are unchanged; results equal the PyTorch backend
 to float32 rounding (tested). Needs ``onnx`` (export) and ``onnxruntime`` (run): ``pip install 'tim-enhance[onnx]'``.
 
-:func:`quantize_step` makes an int8 copy of an exported step (the ``onnxruntime-int8`` backend): its weights are a
-quarter of the bytes (reading them is the largest single cost of a per-hop stream). It is not the same numbers:
-the output differs from float32 by about 32 dB on the default model (signal to difference; ``bench/bench_int8.py``
-scores both).
+:func:`quantize_step` makes an 8-bit copy of an exported step (the ``onnxruntime-int8`` backend): its weights are
+about a quarter of the bytes, in blocks of 32 with their own scales. It is not the same numbers: the output differs
+from float32 by about 42 dB on the default model (signal to difference; ``bench/bench_int8.py`` scores both).
 """
 
 from __future__ import annotations
@@ -148,26 +147,20 @@ def _keep_root_logger_bare() -> Iterator[None]:
 
 def quantize_step(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
     """Write ``src`` (a step from :func:`export_step`) to ``dst`` with the constant weights of all its matrix
-    products in int8, atomically: onnxruntime's dynamic quantisation (per-tensor int8 weights; each product's
-    input is quantised to uint8 as it runs).
+    products in 8 bits, atomically: each product becomes onnxruntime's ``MatMulNBits`` with one scale per block
+    of 32 weights (symmetric), and onnxruntime quantises each product's input to int8 per block as it runs
+    (:mod:`enhance.onnx_graph`, which also removes the layout operations a fixed-shape step does not need). Needs
+    onnxruntime 1.23 or later (its 8-bit kernels for x86-64 and ARM64).
 
-    The graph is first constant-folded (onnxruntime's pre-processing, without its symbolic shape inference, which
-    gives up on the step's free frame count): the pre-encoder's conv weights are reshaped in the graph, and
-    unfolded they would stay float32, 2.7M of the 5.9M weights. 7-bit weights (``reduce_range``) avoid the 16-bit
-    saturation of uint8 x int8 pair sums on CPUs without VNNI instructions, at a small cost (about 1.4 dB of the
-    signal-to-difference ratio here). Per-channel weights were tried: onnxruntime 1.31 refuses them at run time for
-    the per-mechanism (batched) products.
+    Until session 29 this was onnxruntime's dynamic quantisation (one int8 scale per weight tensor, 7-bit
+    weights against the 16-bit saturation of CPUs without VNNI): 32.8 dB from the float32 output (median over
+    the first 20 dev pairs, streamed per hop) against 41.8 dB per block, at the same speed (``bench/README.md``,
+    "int8 weights per block")."""
+    from enhance.onnx_graph import quantize_graph
 
-    Each product's input is scaled per call, over all the frames of the call, so the output depends a little on
-    how many frames go in at once (the backends run per-hop calls through a one-frame step)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    with tempfile.TemporaryDirectory() as tmp, atomic_path(dst) as out, _keep_root_logger_bare():
-        folded = Path(tmp) / "folded.onnx"
-        quant_pre_process(str(src), str(folded), skip_symbolic_shape=True)
-        quantize_dynamic(str(folded), out, weight_type=QuantType.QInt8, reduce_range=True)
-        _write_origin(out, _read_origin(src))  # the quantiser writes a new model: the float step's record
+    with atomic_path(dst) as out, _keep_root_logger_bare():
+        quantize_graph(src, out)
+        _write_origin(out, _read_origin(src))  # a new model: the float step's record
     return Path(dst)
 
 

@@ -307,9 +307,9 @@ def test_onnx_backend_equals_pytorch(tmp_path, name: str) -> None:
 def test_int8_backend_is_close_to_float_on_the_default_model_and_really_quantised(
     tmp_path, monkeypatch
 ) -> None:
-    """``onnxruntime-int8``: the trained default model's step with int8 weights. Its output on the example file
-    stays within 30 dB (signal to difference) of the float step's, but is not the float output (the weights
-    really are int8); the same holds for the backend by name, whose one-frame int8 step runs these one-hop
+    """``onnxruntime-int8``: the trained default model's step with 8-bit blockwise weights. Its output on the
+    example file stays within 38 dB (signal to difference) of the float step's, but is not the float output (the
+    weights really are 8-bit codes); the same holds for the backend by name, whose one-frame int8 step runs these one-hop
     chunks; and the quantiser leaves the root logger as it found it."""
     import logging
     from pathlib import Path
@@ -331,10 +331,17 @@ def test_int8_backend_is_close_to_float_on_the_default_model_and_really_quantise
     float_path = export_step(model, tmp_path / "step.onnx")
     int8_path = quantize_step(float_path, tmp_path / "step-int8.onnx")
     assert root.handlers == [] and root.level == logging.WARNING  # the quantiser's logging installed nothing
-    ops = {node.op_type for node in onnx.load(str(int8_path)).graph.node}
-    assert "DynamicQuantizeLinear" in ops or "MatMulIntegerToFloat" in ops
-    weights = [t for t in onnx.load(str(int8_path)).graph.initializer if np.prod(t.dims) > 10_000]
-    assert weights and all(t.data_type == onnx.TensorProto.INT8 for t in weights)  # the conv weights too
+    graph = onnx.load(str(int8_path)).graph
+    constants = {t.name for t in graph.initializer}
+    products = [n for n in graph.node if n.op_type in ("MatMul", "Gemm", "MatMulNBits")]
+    assert {n.op_type for n in products if n.input[1] in constants} == {"MatMulNBits"}  # none left in float
+    settings = {(a.name, a.i) for n in products for a in n.attribute if a.name in ("bits", "block_size")}
+    assert settings == {("bits", 8), ("block_size", 32)}
+    sizes = {onnx.TensorProto.UINT8: 0, onnx.TensorProto.FLOAT: 0}
+    for t in graph.initializer:
+        sizes[t.data_type] = sizes.get(t.data_type, 0) + int(np.prod(t.dims))
+    # the weights (the conv weights too) are 8-bit codes; float32 holds their scales (1 per 32), biases, gains
+    assert sizes[onnx.TensorProto.FLOAT] < 0.05 * sizes[onnx.TensorProto.UINT8]
     assert int8_path.stat().st_size < 0.3 * float_path.stat().st_size
     wav, rate = sf.read(Path(__file__).resolve().parents[1] / "examples" / "noisy.wav", dtype="float32")
     assert rate == 16000
@@ -351,7 +358,7 @@ def test_int8_backend_is_close_to_float_on_the_default_model_and_really_quantise
     ref = outs["float"]
     for name in ("int8", "by name"):  # by name: the one-frame int8 step runs these one-hop chunks
         snr = 10 * np.log10(np.sum(ref**2) / np.sum((outs[name] - ref) ** 2))
-        assert 30.0 < snr < 80.0, name
+        assert 38.0 < snr < 80.0, name  # 42.9 dB (session 29); per-tensor int8 weights gave about 33
 
 
 @pytest.mark.parametrize("name", TINY)

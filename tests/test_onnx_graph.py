@@ -1,0 +1,157 @@
+"""enhance/onnx_graph.py: the rewrites behind the ``onnxruntime-int8`` backend. The layout rewrites must give the
+same numbers; the 8-bit blockwise products must be close to float and leave no float weight behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from enhance import onnx_graph  # noqa: E402
+from enhance.onnx_backend import export_step  # noqa: E402
+from models import Enhancer, get_config  # noqa: E402
+
+
+def _session(model) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _feed(session: ort.InferenceSession, frames: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feed = {}
+    slots = next(i.shape[-1] for i in session.get_inputs() if i.name == "k_0")  # keys: [B, H, Dh, C]
+    for i in session.get_inputs():
+        shape = [frames if isinstance(d, str) else d for d in i.shape]
+        if i.name == "mask":
+            shape = [frames, slots + frames]
+        feed[i.name] = (rng.standard_normal(shape) * 0.5).astype(np.float32)
+    mask = feed["mask"]  # every slot and the new frames up to each: visible (a causal mask over the new ones)
+    mask[:] = 0.0
+    mask[:, -frames:] = np.where(np.tri(frames, dtype=bool), 0.0, -np.inf)
+    return feed
+
+
+def _tiny_step(tmp_path: Path, name: str, frames: int | None):
+    torch.manual_seed(0)
+    model = Enhancer(get_config(name)).eval()
+    return onnx.load(str(export_step(model, tmp_path / f"{name}-{frames}.onnx", frames=frames)))
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-transformer", "tiny+mae"])
+def test_layout_rewrites_give_the_same_numbers_with_fewer_operations(tmp_path: Path, name: str) -> None:
+    """The one-frame step: transposes of size-1 axes become reshapes, reshape chains merge; the outputs are the
+    same to the last bit, and there are fewer operations (no transpose left that only moves size-1 axes)."""
+    step = _tiny_step(tmp_path, name, frames=1)
+    before = _session(step)
+    feed = _feed(before, 1)
+    want = before.run(None, feed)
+    n_before = len(step.graph.node)
+    counts = onnx_graph.simplify_layout(step)
+    onnx.checker.check_model(step)
+    assert counts["transposes as reshapes"] > 0 and counts["reshapes merged"] > 0
+    assert len(step.graph.node) < n_before - counts["transposes as reshapes"] // 2
+    got = _session(step).run(None, feed)
+    for a, b in zip(want, got, strict=True):
+        assert a.shape == b.shape and np.array_equal(a, b)
+
+
+def test_layout_rewrites_leave_a_free_frame_count_step_working(tmp_path: Path) -> None:
+    """With a free number of frames, shapes that depend on it are not fixed: those operations stay, and the step
+    still gives its numbers for 1 and 3 frames per call."""
+    step = _tiny_step(tmp_path, "tiny", frames=None)
+    before = _session(step)
+    onnx_graph.simplify_layout(step)
+    after = _session(step)
+    for frames in (1, 3):
+        feed = _feed(before, frames, seed=frames)
+        for a, b in zip(before.run(None, feed), after.run(None, feed), strict=True):
+            assert np.array_equal(a, b)
+
+
+def test_blockwise_weights_round_each_block_to_its_own_scale() -> None:
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((70, 5)).astype(np.float32)  # 70 rows: 3 blocks of 32, the last one padded
+    w[32:64, 1] *= 1e-3  # a quiet block keeps its precision (a per-tensor scale would round it to 0)
+    w[:, 4] = 0.0
+    codes, scales = onnx_graph.blockwise_weights(w, 32)
+    assert codes.dtype == np.uint8 and codes.shape == (5, 3, 32) and scales.shape == (15,)
+    back = (codes.astype(np.float32) - 128) * scales.reshape(5, 3, 1)
+    back = back.reshape(5, 96)[:, :70].T
+    step = np.repeat(scales.reshape(5, 3), 32, axis=1)[:, :70].T
+    assert np.all(np.abs(back - w) <= step / 2 + 1e-7)
+    assert np.abs(back[32:64, 1] - w[32:64, 1]).max() < 1e-5
+    assert np.all(codes[4] == 128) and np.all(scales.reshape(5, 3)[4] == 1.0)  # zeros: code 128, scale 1
+    assert np.all(codes[:, 2, 6:] == 128)  # the padding rows are zeros
+
+
+def _products_graph(opset: int):
+    """y = Gemm(x, A^T, b) (transB), z = per-group MatMul of y viewed as [2, 1, 24] by W [2, 24, 16], and
+    u = z @ V (a plain MatMul): every kind of product the rewrite covers."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((48, 40)).astype(np.float32)  # transB: [N, K]
+    b = rng.standard_normal(48).astype(np.float32)
+    w = rng.standard_normal((2, 24, 16)).astype(np.float32)
+    v = rng.standard_normal((16, 8)).astype(np.float32)
+    nodes = [
+        helper.make_node("Gemm", ["x", "A", "b"], ["y"], transB=1),
+        helper.make_node("Reshape", ["y", "s"], ["y3"]),
+        helper.make_node("MatMul", ["y3", "W"], ["z"]),
+        helper.make_node("MatMul", ["z", "V"], ["u"]),
+    ]
+    constants = [
+        numpy_helper.from_array(a, "A"),
+        numpy_helper.from_array(b, "b"),
+        numpy_helper.from_array(w, "W"),
+        numpy_helper.from_array(v, "V"),
+        numpy_helper.from_array(np.array([2, 1, 24], np.int64), "s"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "products",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 40])],
+        [helper.make_tensor_value_info("u", TensorProto.FLOAT, [2, 1, 8])],
+        constants,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+def test_blockwise_int8_rewrites_every_constant_product_and_stays_close(opset: int) -> None:
+    model = _products_graph(opset)
+    x = np.random.default_rng(2).standard_normal((1, 40)).astype(np.float32)
+    want = _session(model).run(None, {"x": x})[0]
+    assert onnx_graph.blockwise_int8(model) == 3
+    onnx.checker.check_model(model)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("MatMulNBits") == 4 and "Gemm" not in ops and "MatMul" not in ops  # 1 + 2 groups + 1
+    assert {t.name for t in model.graph.initializer}.isdisjoint({"A", "W", "V"})  # the float weights are gone
+    got = _session(model).run(None, {"x": x})[0]
+    snr = 10 * np.log10(np.sum(want**2) / np.sum((got - want) ** 2))
+    assert 30.0 < snr < 80.0  # 8 bits with int8 inputs: close, and not the float numbers
+
+
+def test_quantize_graph_refuses_a_graph_without_a_product(tmp_path: Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "none",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "relu.onnx"))
+    with pytest.raises(ValueError, match="no matrix product with a constant weight"):
+        onnx_graph.quantize_graph(tmp_path / "relu.onnx", tmp_path / "out.onnx")
+    assert not (tmp_path / "out.onnx").exists()
