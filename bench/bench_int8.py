@@ -114,7 +114,7 @@ def native_step_timer(stepper: NativeStepper, frames: int, calls: int) -> Callab
 
 def enhance(engine: StreamingEnhancer, noisy: np.ndarray, chunk: int = 256) -> np.ndarray:
     """``noisy`` through ``engine`` one 16-ms hop at a time, like a live stream (and ``enhance-cli --stream``):
-    int8 output depends a little on the frames per call, since each product's input is scaled per call."""
+    the int8 output depends a little on the frames per call (bench/results/int8-blockwise/frames_per_call.md)."""
     engine.reset()
     outs = [engine.process(noisy[None, i : i + chunk]) for i in range(0, len(noisy), chunk)]
     return np.concatenate([*outs, engine.flush()], axis=1)[0]

@@ -42,9 +42,12 @@ def _feed(session: ort.InferenceSession, frames: int, seed: int = 0) -> dict[str
 
 
 def _tiny_step(tmp_path: Path, name: str, frames: int | None):
+    """A tiny model's exported step with its constants folded, as quantize_graph has it before the rewrites."""
     torch.manual_seed(0)
     model = Enhancer(get_config(name)).eval()
-    return onnx.load(str(export_step(model, tmp_path / f"{name}-{frames}.onnx", frames=frames)))
+    path = export_step(model, tmp_path / f"{name}-{frames}.onnx", frames=frames)
+    onnx_graph.fold_constants(path, tmp_path / f"{name}-{frames}-folded.onnx")
+    return onnx.load(str(tmp_path / f"{name}-{frames}-folded.onnx"))
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-transformer", "tiny+mae"])
@@ -63,6 +66,11 @@ def test_layout_rewrites_give_the_same_numbers_with_fewer_operations(tmp_path: P
     got = _session(step).run(None, feed)
     for a, b in zip(want, got, strict=True):
         assert a.shape == b.shape and np.array_equal(a, b)
+    producer = {out: node.op_type for node in step.graph.node for out in node.output}
+    reshapes = [node for node in step.graph.node if node.op_type == "Reshape"]
+    assert reshapes and not [n for n in reshapes if producer.get(n.input[0]) == "Reshape"]  # chains merged
+    assert onnx_graph.simplify_layout(step)["transposes as reshapes"] == 0  # a second run: nothing left to do
+    onnx.checker.check_model(step)
 
 
 def test_layout_rewrites_leave_a_free_frame_count_step_working(tmp_path: Path) -> None:
@@ -85,6 +93,10 @@ def test_blockwise_weights_round_each_block_to_its_own_scale() -> None:
     w[:, 4] = 0.0
     codes, scales = onnx_graph.blockwise_weights(w, 32)
     assert codes.dtype == np.uint8 and codes.shape == (5, 3, 32) and scales.shape == (15,)
+    largest = np.abs(codes.astype(int) - 128).max(
+        axis=-1
+    )  # each block's largest weight is code +-127 exactly
+    assert np.all(largest[:4] == 127) and np.all(largest[4] == 0)
     back = (codes.astype(np.float32) - 128) * scales.reshape(5, 3, 1)
     back = back.reshape(5, 96)[:, :70].T
     step = np.repeat(scales.reshape(5, 3), 32, axis=1)[:, :70].T
@@ -155,3 +167,94 @@ def test_quantize_graph_refuses_a_graph_without_a_product(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match="no matrix product with a constant weight"):
         onnx_graph.quantize_graph(tmp_path / "relu.onnx", tmp_path / "out.onnx")
     assert not (tmp_path / "out.onnx").exists()
+
+
+def _one_node_graph(node, inputs, output, constants, opset: int = 17):
+    graph = helper.make_graph(
+        [node],
+        "one",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n, shape in inputs],
+        [helper.make_tensor_value_info(output[0], TensorProto.FLOAT, output[1])],
+        [numpy_helper.from_array(v, k) for k, v in constants.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def test_products_the_rewrite_does_not_cover_are_left_in_float() -> None:
+    """A Gemm that scales or transposes its input, a bias that broadcasts from [1], a per-group weight [G, K, N]
+    under an input that is not [G, M, K] (a broadcast MatMul), a float16 weight: each stays as it was, and the
+    graph gives the same numbers."""
+    rng = np.random.default_rng(3)
+    w2, w3 = (
+        rng.standard_normal((32, 8)).astype(np.float32),
+        rng.standard_normal((2, 32, 8)).astype(np.float32),
+    )
+    cases = [
+        (helper.make_node("Gemm", ["x", "W"], ["y"], alpha=2.0), [("x", [4, 32])], ("y", [4, 8]), {"W": w2}),
+        (helper.make_node("Gemm", ["x", "W"], ["y"], transA=1), [("x", [32, 4])], ("y", [4, 8]), {"W": w2}),
+        (
+            helper.make_node("Gemm", ["x", "W", "b"], ["y"]),
+            [("x", [4, 32])],
+            ("y", [4, 8]),
+            {"W": w2, "b": np.ones(1, np.float32)},
+        ),
+        (helper.make_node("MatMul", ["x", "W"], ["y"]), [("x", [4, 32])], ("y", [2, 4, 8]), {"W": w3}),
+        (
+            helper.make_node("MatMul", ["x", "W"], ["y"]),
+            [("x", [3, 2, 5, 32])],
+            ("y", [3, 2, 5, 8]),
+            {"W": w3},
+        ),
+    ]
+    for node, inputs, output, constants in cases:
+        model = _one_node_graph(node, inputs, output, constants)
+        feed = {n: rng.standard_normal(shape).astype(np.float32) for n, shape in inputs}
+        want = _session(model).run(None, feed)[0]
+        assert onnx_graph.blockwise_int8(model) == 0, node
+        assert [n.op_type for n in model.graph.node] == [node.op_type]
+        assert np.array_equal(_session(model).run(None, feed)[0], want)
+    half = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "half",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 8])],
+        [numpy_helper.from_array(w2.astype(np.float16), "W")],
+    )
+    model = helper.make_model(half, opset_imports=[helper.make_opsetid("", 17)])
+    assert onnx_graph.blockwise_int8(model) == 0
+    onnx.checker.check_model(model)
+
+
+def test_a_transpose_without_perm_reverses_its_axes() -> None:
+    """No ``perm``: the axes reversed (ONNX's default); [1, 5] -> [5, 1] only moves a size-1 axis."""
+    model = _one_node_graph(helper.make_node("Transpose", ["x"], ["y"]), [("x", [1, 5])], ("y", [5, 1]), {})
+    x = np.arange(5, dtype=np.float32)[None]
+    assert onnx_graph.simplify_layout(model)["transposes as reshapes"] == 1
+    assert np.array_equal(_session(model).run(None, {"x": x})[0], x.T)
+
+
+def test_graphs_with_sub_graphs_are_refused() -> None:
+    """The rewrites follow names through the main graph only: an If/Loop/Scan body could read a value they
+    rename or drop, so such graphs are refused, not rewritten wrongly."""
+    branch = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["z"])],
+        "branch",
+        [],
+        [helper.make_tensor_value_info("z", 1, [1, 4])],
+    )
+    node = helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)
+    graph = helper.make_graph(
+        [node],
+        "if",
+        [
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x", 1, [1, 4]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    for rewrite in (onnx_graph.simplify_layout, onnx_graph.blockwise_int8):
+        with pytest.raises(ValueError, match="sub-graph"):
+            rewrite(model)

@@ -335,8 +335,9 @@ def test_int8_backend_is_close_to_float_on_the_default_model_and_really_quantise
     constants = {t.name for t in graph.initializer}
     products = [n for n in graph.node if n.op_type in ("MatMul", "Gemm", "MatMulNBits")]
     assert {n.op_type for n in products if n.input[1] in constants} == {"MatMulNBits"}  # none left in float
-    settings = {(a.name, a.i) for n in products for a in n.attribute if a.name in ("bits", "block_size")}
-    assert settings == {("bits", 8), ("block_size", 32)}
+    chosen = ("bits", "block_size", "accuracy_level")
+    settings = {(a.name, a.i) for n in products for a in n.attribute if a.name in chosen}
+    assert settings == {("bits", 8), ("block_size", 32), ("accuracy_level", 4)}  # 4: int8 products
     sizes = {onnx.TensorProto.UINT8: 0, onnx.TensorProto.FLOAT: 0}
     for t in graph.initializer:
         sizes[t.data_type] = sizes.get(t.data_type, 0) + int(np.prod(t.dims))
