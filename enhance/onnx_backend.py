@@ -89,6 +89,8 @@ def export_step(
 # what a step file records of the model it was exported from, checked by OnnxStepper against the model it is
 # given: a file run beside a model with another attenuation limit or other weights gave other samples, silently
 LIMIT_KEY, WEIGHTS_KEY = ORIGIN_KEYS = ("tim_enhance.max_attenuation_db", "tim_enhance.weights_sha256")
+# an 8-bit step says so: onnxruntime older than 1.23 is refused with a message saying what to install
+WEIGHTS_FORMAT_KEY, BLOCKWISE = "tim_enhance.weights_format", "8-bit per block (MatMulNBits)"
 
 
 def origin(model: Enhancer) -> dict[str, str]:
@@ -160,7 +162,8 @@ def quantize_step(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> P
 
     with atomic_path(dst) as out, _keep_root_logger_bare():
         quantize_graph(src, out)
-        _write_origin(out, _read_origin(src))  # a new model: the float step's record
+        # a new model: the float step's record, and what its weights need of onnxruntime
+        _write_origin(out, {**_read_origin(src), WEIGHTS_FORMAT_KEY: BLOCKWISE})
     return Path(dst)
 
 
@@ -218,10 +221,21 @@ def _open(path: str | os.PathLike[str], threads: int, frames: int | None) -> Any
     per call (None: a free number)."""
     import onnxruntime as ort
 
+    from enhance.onnx_graph import require_8bit_kernels
+
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    try:
+        session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        if "MatMulNBits" in str(
+            exc
+        ):  # an 8-bit step on an older onnxruntime: say so rather than its own error
+            require_8bit_kernels()
+        raise
+    if session.get_modelmeta().custom_metadata_map.get(WEIGHTS_FORMAT_KEY) == BLOCKWISE:
+        require_8bit_kernels()  # loaded, but an older onnxruntime may only fail when it runs
     inputs = {i.name: i for i in session.get_inputs()}
     feat, mask = inputs.get("feat"), inputs.get("mask")
     again = "export it again with python -m enhance.onnx_backend (--model/--checkpoint, --int8 as before)"

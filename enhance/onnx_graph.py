@@ -33,6 +33,29 @@ import numpy as np
 
 BLOCK_SIZE = 32  # input rows per weight scale: 32 is the closest to float of 32, 64 and 128 (session 29)
 MS_DOMAIN = "com.microsoft"
+NEEDS_ONNXRUNTIME = (1, 23)  # the first release with 8-bit MatMulNBits kernels on both x86-64 and ARM64
+
+
+def onnxruntime_too_old() -> str | None:
+    """The installed onnxruntime's version when it is older than :data:`NEEDS_ONNXRUNTIME` (None: new enough)."""
+    import re
+
+    import onnxruntime
+
+    version = onnxruntime.__version__
+    numbers = tuple(int(n) for n in re.findall(r"\d+", version)[:2])
+    return version if numbers < NEEDS_ONNXRUNTIME else None
+
+
+def require_8bit_kernels() -> None:
+    """Raise ImportError, saying what to install, when onnxruntime cannot run 8-bit ``MatMulNBits``."""
+    old = onnxruntime_too_old()
+    if old is not None:
+        need = ".".join(map(str, NEEDS_ONNXRUNTIME))
+        raise ImportError(
+            f"8-bit weights per block (the onnxruntime-int8 step) need onnxruntime {need} or later, found {old}: "
+            f"pip install -U 'onnxruntime>={need}'"
+        )
 
 
 def fold_constants(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
@@ -267,6 +290,7 @@ def quantize_graph(
     blockwise weights, written to ``dst`` (not atomically: the caller's temporary path)."""
     import onnx
 
+    require_8bit_kernels()
     with tempfile.TemporaryDirectory() as tmp:
         folded = Path(tmp) / "folded.onnx"
         fold_constants(src, folded)

@@ -258,3 +258,30 @@ def test_graphs_with_sub_graphs_are_refused() -> None:
     for rewrite in (onnx_graph.simplify_layout, onnx_graph.blockwise_int8):
         with pytest.raises(ValueError, match="sub-graph"):
             rewrite(model)
+
+
+def test_an_onnxruntime_without_8bit_kernels_is_refused_with_what_to_install(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """onnxruntime before 1.23 lacks the 8-bit MatMulNBits kernels (x86-64 from 1.22, ARM64 from 1.23) and fails
+    in its own words, or only when it runs: the backend by name, an 8-bit step file and the quantiser say which
+    version to install instead; the float step still runs."""
+    from enhance.backends import streaming_backend
+    from enhance.onnx_backend import OnnxStepper, quantize_step
+
+    torch.manual_seed(0)
+    model = Enhancer(get_config("tiny")).eval()
+    float_path = export_step(model, tmp_path / "step.onnx")
+    int8_path = quantize_step(float_path, tmp_path / "step-int8.onnx")
+    monkeypatch.setattr(ort, "__version__", "1.20.1")
+    for attempt in (
+        lambda: streaming_backend(model, "onnxruntime-int8"),
+        lambda: OnnxStepper(int8_path, model),
+        lambda: quantize_step(float_path, tmp_path / "again.onnx"),
+    ):
+        with pytest.raises(ImportError, match=r"onnxruntime 1\.23 or later, found 1\.20\.1: pip install"):
+            attempt()
+    assert not (tmp_path / "again.onnx").exists()
+    OnnxStepper(float_path, model)
+    monkeypatch.setattr(ort, "__version__", "1.23.0")
+    OnnxStepper(int8_path, model)
