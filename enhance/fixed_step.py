@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,13 +27,17 @@ from models.static_step import StaticStep
 
 @dataclass
 class FixedState:
-    """One stream's state: per channel, the step's tensors (conv caches and the k/v(/u) ring buffers); whether
-    frame 0 has arrived; and how many frames have gone through the step (one output frame each). Frame f sits in
-    ring slot ``f % context_frames``, so which frame each slot holds follows from ``frames_out``."""
+    """One stream's state: per channel, the step's tensors (conv caches and the k/v(/u) ring buffers, updated in
+    place: each keeps its memory for the life of the stream); whether frame 0 has arrived; how many frames have
+    gone through the step (one output frame each); and per channel, what the runner keeps between calls (None
+    until it needs something: :class:`enhance.onnx_backend.OnnxStepper` binds the channel's tensors to its
+    one-frame session once). Frame f sits in ring slot ``f % context_frames``, so which frame each slot holds
+    follows from ``frames_out``."""
 
     channels: list[dict[str, torch.Tensor]] = field(default_factory=list)
     started: bool = False
     frames_out: int = 0
+    runners: list[Any] = field(default_factory=list)
 
 
 class FixedStepper:
@@ -65,7 +70,7 @@ class FixedStepper:
         def one() -> dict[str, torch.Tensor]:
             return {name: torch.zeros(shape) for name, shape in self.static.state_shapes(1) if name != "mask"}
 
-        return FixedState([one() for _ in range(batch)])
+        return FixedState([one() for _ in range(batch)], runners=[None] * batch)
 
     def run(self, feed: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         """One call of the traced/exported step: inputs by name -> outputs in :class:`StaticStep`'s order."""
@@ -84,18 +89,28 @@ class FixedStepper:
         return torch.from_numpy(np.where(visible, 0.0, -np.inf).astype(np.float32))
 
     def _run(
-        self, frames: torch.Tensor, tensors: dict[str, torch.Tensor], mask: torch.Tensor, first_slot: int
+        self, frames: torch.Tensor, state: FixedState, channel: int, mask: torch.Tensor, first_slot: int
     ) -> list[torch.Tensor]:
-        """``frames`` [1, n, F] of one channel; updates ``tensors`` in place; returns (log_mag, maps...). The new
-        frames go to slots ``first_slot ...`` (mod C)."""
+        """``frames`` [1, n, F] of channel ``channel``; updates its tensors in place; returns (log_mag, maps...).
+        The new frames go to slots ``first_slot ...`` (mod C)."""
+        tensors = state.channels[channel]
         result = self.run({"feat": frames, "mask": mask, **tensors})
         n_head = 1 + self.n_maps
-        for name, new in zip(self.conv_names, result[n_head : n_head + len(self.conv_names)], strict=True):
-            tensors[name] = new.contiguous()  # a slice in the step: strides must match the trace
-        n = frames.shape[1]
+        self._keep_new(tensors, result[n_head:], frames.shape[1], first_slot)
+        return result[:n_head]
+
+    def _keep_new(
+        self, tensors: dict[str, torch.Tensor], new_state: list[torch.Tensor], n: int, first_slot: int
+    ) -> None:
+        """The step's new conv caches and the new frames' k/v(/u) (``new_state``, in :class:`StaticStep`'s order)
+        into the channel's ``tensors``, in place: the caches overwritten, the frames into the ring's oldest
+        slots."""
+        for name, new in zip(self.conv_names, new_state[: len(self.conv_names)], strict=True):
+            tensors[name].copy_(new)  # in place: a runner may have bound the tensor's memory
+
         wrap = first_slot + n > self.context
         slots = torch.arange(first_slot, first_slot + n) % self.context if wrap else None
-        rest = result[n_head + len(self.conv_names) :]
+        rest = new_state[len(self.conv_names) :]
         for name, new in zip(self.ring_names, rest, strict=True):  # into the oldest slots
             ring = tensors[name]
             dim = 3 if name.startswith("k_") else 2  # keys are stored transposed: [B, H, Dh, C]
@@ -103,7 +118,6 @@ class FixedStepper:
                 ring.narrow(dim, first_slot, n).copy_(new)
             else:
                 ring.index_copy_(dim, slots, new)
-        return result[:n_head]
 
     def step(
         self,
@@ -126,7 +140,7 @@ class FixedStepper:
         if not state.started and x.shape[1]:  # frame 0: nothing to output before its lookahead frame arrives
             for b, tensors in enumerate(state.channels):
                 conv0 = tensors["conv_0"]
-                tensors["conv_0"] = torch.cat([conv0[:, :, 1:], x[b : b + 1, :1].transpose(1, 2)], dim=2)
+                conv0.copy_(torch.cat([conv0[:, :, 1:], x[b : b + 1, :1].transpose(1, 2)], dim=2))
             state.started = True
             x = x[:, 1:]
         outs: list[torch.Tensor] = []
@@ -137,8 +151,8 @@ class FixedStepper:
             n = group.shape[1]
             mask = self._mask(state.frames_out, n)
             per_channel = [
-                self._run(group[b : b + 1].contiguous(), tensors, mask, state.frames_out % self.context)
-                for b, tensors in enumerate(state.channels)
+                self._run(group[b : b + 1].contiguous(), state, b, mask, state.frames_out % self.context)
+                for b in range(len(state.channels))
             ]
             state.frames_out += n
             outs.append(torch.cat([r[0] for r in per_channel]))

@@ -279,9 +279,7 @@ def test_onnx_backend_equals_pytorch(tmp_path, name: str) -> None:
     ref = enhance_waveform(model, x, return_competition=True)
     calls = {"free": 0, "one": 0}
 
-    def counted(session, key: str):
-        run = session.run
-
+    def counted(run, key: str):
         def wrapper(*args, **kwargs):
             calls[key] += 1
             return run(*args, **kwargs)
@@ -290,8 +288,9 @@ def test_onnx_backend_equals_pytorch(tmp_path, name: str) -> None:
 
     with_one = OnnxStepper(path, model, one_frame=one)
     assert with_one.one_frame_session is not None
-    with_one.session.run = counted(with_one.session, "free")  # type: ignore[method-assign]
-    with_one.one_frame_session.run = counted(with_one.one_frame_session, "one")  # type: ignore[method-assign]
+    with_one.session.run = counted(with_one.session.run, "free")  # type: ignore[method-assign]
+    one_session = with_one.one_frame_session  # one-frame calls run with the channel's tensors bound to it
+    one_session.run_with_iobinding = counted(one_session.run_with_iobinding, "one")  # type: ignore[method-assign]
     for backend in (OnnxStepper(path, model), with_one):
         engine = StreamingEnhancer(model, 2, with_competition=True, backend=backend)
         for n, chunk in ((1, 333), (2900, 256), (2900, 333)):  # 256: one frame per call, the one-frame step's
@@ -302,6 +301,40 @@ def test_onnx_backend_equals_pytorch(tmp_path, name: str) -> None:
         if ref.competition:
             assert np.abs(engine.competition()[0] - ref.competition[0]).max() < 1e-5
     assert calls["free"] > 4  # 333-sample chunks: mostly 1 or 2 frames per call
+
+
+def test_onnx_one_frame_bindings_follow_the_stream_state(tmp_path) -> None:
+    """The one-frame calls run with each channel's tensors bound to the session (kept in the stream's state):
+    a copy of the state (deepcopy) continues as the original does, a reset stream starts afresh, and both give
+    the offline samples."""
+    import copy
+
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from enhance.onnx_backend import OnnxStepper, export_step
+
+    model = Enhancer(_config("tiny")).eval()
+    backend = OnnxStepper(
+        export_step(model, tmp_path / "step.onnx"),
+        model,
+        one_frame=export_step(model, tmp_path / "one.onnx", frames=1),
+    )
+    x = (np.random.default_rng(8).standard_normal((2, 6000)) * 0.1).astype(np.float32)
+    want = enhance_waveform(model, x).wav
+    engine = StreamingEnhancer(model, 2, backend=backend)
+    head = np.concatenate([engine.process(x[:, i : i + 256]) for i in range(0, 3072, 256)], axis=1)
+    assert all(r is not None for r in engine.state.model.runners)  # bound on the first one-frame call
+    saved = copy.deepcopy(engine.state)
+    assert saved.model.runners == [None, None]  # a copy binds its own tensors
+    tails = []
+    for state in (engine.state, saved):
+        engine.state = state
+        pieces = [engine.process(x[:, i : i + 256]) for i in range(3072, x.shape[1], 256)]
+        tails.append(np.concatenate([*pieces, engine.flush()], axis=1))
+    assert np.array_equal(tails[0], tails[1])
+    assert np.abs(np.concatenate([head, tails[0]], axis=1) - want).max() < 1e-5
+    again, _ = _stream(engine, x, _sizes(256, np.random.default_rng(0)))  # after flush: a new state
+    assert np.abs(again - want).max() < 1e-5
 
 
 def test_int8_backend_is_close_to_float_on_the_default_model_and_really_quantised(
