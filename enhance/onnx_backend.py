@@ -210,8 +210,8 @@ class OnnxStepper(FixedStepper):
     ) -> list[torch.Tensor]:
         """One frame through the one-frame session with the channel's tensors bound to it (an onnxruntime
         IOBinding, made on the channel's first one-frame call and kept in ``state.runners``): no input or output
-        is converted or allocated per call, which takes 0.90-0.92x the time per 16-ms hop (session 29,
-        ``bench/README.md``). Other calls go through :meth:`run`."""
+        is converted or allocated per call: 0.85x the time per 16-ms hop for int8, 0.90x for float (session
+        29, ``bench/README.md``, "Bound one-frame calls"). Other calls go through :meth:`run`."""
         if self.one_frame_session is None or frames.shape[1] != 1:
             return super()._run(frames, state, channel, mask, first_slot)
         tensors = state.channels[channel]
