@@ -39,6 +39,10 @@ class FixedState:
     frames_out: int = 0
     runners: list[Any] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if len(self.runners) != len(self.channels):  # none given: nothing kept yet
+            self.runners = [None] * len(self.channels)
+
 
 class FixedStepper:
     """The host of a fixed-shape step: :meth:`Enhancer.step`'s contract (frames in, the output frames they
@@ -70,7 +74,7 @@ class FixedStepper:
         def one() -> dict[str, torch.Tensor]:
             return {name: torch.zeros(shape) for name, shape in self.static.state_shapes(1) if name != "mask"}
 
-        return FixedState([one() for _ in range(batch)], runners=[None] * batch)
+        return FixedState([one() for _ in range(batch)])
 
     def run(self, feed: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         """One call of the traced/exported step: inputs by name -> outputs in :class:`StaticStep`'s order."""

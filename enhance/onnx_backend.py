@@ -216,7 +216,11 @@ class OnnxStepper(FixedStepper):
             return super()._run(frames, state, channel, mask, first_slot)
         tensors = state.channels[channel]
         bound = state.runners[channel]
-        if not isinstance(bound, _BoundStep) or not bound.holds(tensors):
+        if (
+            not isinstance(bound, _BoundStep)
+            or bound.session is not self.one_frame_session
+            or not bound.holds(tensors)
+        ):
             names = (self.conv_names, self.ring_names)
             bound = state.runners[channel] = _BoundStep(self.one_frame_session, tensors, self.n_bins, *names)
         return bound.run(frames, mask, first_slot)
@@ -225,7 +229,8 @@ class OnnxStepper(FixedStepper):
 class _BoundStep:
     """One channel's inputs and outputs bound to a one-frame session: the channel's state tensors (their memory
     is stable for the life of the stream), a feature and a mask buffer filled per call, and an output buffer per
-    output. A copy of the stream's state (deepcopy) does not copy this: the copy binds its own on first use."""
+    output. A copy of the stream's state (deepcopy, pickle) does not copy this: the copy binds its own on first
+    use, as does a state continued by another stepper (another session)."""
 
     def __init__(
         self,
@@ -254,7 +259,9 @@ class _BoundStep:
         # order of the state's names; numpy views (a small copy costs numpy a third of what it costs torch)
         n_head = len(self.outputs) - len(conv_names) - len(ring_names)  # log_mag and the competition maps
         self.head = [o.numpy() for o in self.outputs[:n_head]]
-        self.feat_np = self.feat.numpy()
+        # written through numpy: the buffers may be inference tensors (made under torch.inference_mode, as the
+        # engine runs), which torch refuses to update in place outside it
+        self.feat_np, self.mask_np = self.feat.numpy(), self.mask.numpy()
         new = [o.numpy() for o in self.outputs[n_head:]]
         self.convs = [(tensors[n].numpy(), src) for n, src in zip(conv_names, new, strict=False)]
         rings = zip(ring_names, new[len(conv_names) :], strict=True)
@@ -274,7 +281,7 @@ class _BoundStep:
         log magnitude and the competition maps."""
         self.feat_np[...] = frames.numpy()
         if mask is not self.mask_of:  # the host reuses one mask once the ring is full: copied once
-            self.mask.copy_(mask)
+            self.mask_np[...] = mask.numpy()
             self.mask_of = mask
         self.session.run_with_iobinding(self.binding)
         for cache, new in self.convs:
@@ -287,6 +294,13 @@ class _BoundStep:
 
     def __deepcopy__(self, memo: dict[int, Any]) -> None:
         return None
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:  # pickled (a copied stream state): nothing, rebound on use
+        return _unbound, ()
+
+
+def _unbound() -> None:
+    return None
 
 
 def onnx_stepper(model: Enhancer, int8: bool = False, threads: int = 1) -> OnnxStepper:

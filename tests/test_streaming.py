@@ -337,6 +337,45 @@ def test_onnx_one_frame_bindings_follow_the_stream_state(tmp_path) -> None:
     assert np.abs(again - want).max() < 1e-5
 
 
+def test_a_bound_state_continued_by_another_stepper_runs_that_steppers_step(tmp_path) -> None:
+    """A stream state that ran on one OnnxStepper and is continued by another (another attenuation limit baked
+    into its graph) gets that stepper's numbers, as an unbound copy of the state does; steps inside and outside
+    torch.inference_mode mix (the bound buffers were inference tensors), and a state pickles (found by a
+    review of the bindings)."""
+    import copy
+    import pickle
+
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from enhance.onnx_backend import OnnxStepper, export_step
+
+    def stepper(limit: float | None, name: str) -> OnnxStepper:
+        torch.manual_seed(0)
+        model = Enhancer(dataclasses.replace(_config("tiny"), max_attenuation_db=limit)).eval()
+        main, one = (
+            export_step(model, tmp_path / f"{name}.onnx"),
+            export_step(model, tmp_path / f"{name}1.onnx", frames=1),
+        )
+        return OnnxStepper(main, model, one_frame=one)
+
+    a, b = stepper(0.0, "a"), stepper(None, "b")  # 0 dB: no attenuation at all, unlike b
+    feats = torch.rand(1, 12, a.n_bins) * 3
+    state = a.new_state(1)
+    with torch.inference_mode():
+        for t in range(2):
+            _, state = a.step(feats[:, t : t + 1], state)
+    _, state = a.step(feats[:, 2:3], state)  # outside inference mode, the ring still filling: a new mask
+    unbound = copy.deepcopy(state)
+    assert unbound.runners == [None] and pickle.loads(pickle.dumps(state)).runners == [None]
+    for t in range(3, 8):
+        got, state = b.step(feats[:, t : t + 1], state)
+        want, unbound = b.step(feats[:, t : t + 1], unbound)
+        assert torch.equal(got.log_mag, want.log_mag)
+    on_a, _ = a.step(feats[:, 8:9], copy.deepcopy(unbound))
+    on_b, _ = b.step(feats[:, 8:9], copy.deepcopy(unbound))
+    assert (on_a.log_mag - on_b.log_mag).abs().max() > 0.01  # the two graphs differ (so the check can fail)
+
+
 def test_int8_backend_is_close_to_float_on_the_default_model_and_really_quantised(
     tmp_path, monkeypatch
 ) -> None:
