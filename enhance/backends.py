@@ -110,10 +110,6 @@ def streaming_backend(model: Enhancer, name: str = "auto", threads: int = 1) -> 
         except ImportError as exc:
             raise ImportError(f"the {kind} backend needs: pip install 'tim-enhance[onnx]' ({exc})") from None
         from enhance.onnx_backend import onnx_stepper
-        from enhance.onnx_graph import require_8bit_kernels
-
-        if kind == "onnxruntime-int8":
-            require_8bit_kernels()
 
         return onnx_stepper(model, int8=kind == "onnxruntime-int8", threads=threads)
     return None

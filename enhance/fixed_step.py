@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from models.enhancer import Enhancer, EnhancerOutput, WeightsWatch
-from models.static_step import StaticStep
+from models.static_step import StaticStep, slot_axis
 
 
 @dataclass
@@ -116,8 +116,7 @@ class FixedStepper:
         slots = torch.arange(first_slot, first_slot + n) % self.context if wrap else None
         rest = new_state[len(self.conv_names) :]
         for name, new in zip(self.ring_names, rest, strict=True):  # into the oldest slots
-            ring = tensors[name]
-            dim = 3 if name.startswith("k_") else 2  # keys are stored transposed: [B, H, Dh, C]
+            ring, dim = tensors[name], slot_axis(name)
             if slots is None:
                 ring.narrow(dim, first_slot, n).copy_(new)
             else:

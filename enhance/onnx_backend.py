@@ -29,7 +29,7 @@ import torch
 from enhance.audio_io import atomic_path
 from enhance.fixed_step import FixedState, FixedStepper
 from models.enhancer import Enhancer, weights_digest
-from models.static_step import StaticStep
+from models.static_step import StaticStep, slot_axis
 
 
 def export_step(
@@ -70,7 +70,7 @@ def export_step(
     dynamic.update({f"competition_{i}": {1: "frames"} for i in range(n_maps)})
     for name, _ in shapes:
         if name.startswith(("k_", "v_", "u_")):
-            dynamic[f"new_{name}"] = {3 if name.startswith("k_") else 2: "frames"}
+            dynamic[f"new_{name}"] = {slot_axis(name): "frames"}
     with atomic_path(path) as tmp, torch.no_grad():
         torch.onnx.export(
             step,
@@ -156,7 +156,7 @@ def quantize_step(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> P
 
     Until session 29 this was onnxruntime's dynamic quantisation (one int8 scale per weight tensor, 7-bit
     weights against the 16-bit saturation of CPUs without VNNI): 32.8 dB from the float32 output (median over
-    the first 20 dev pairs, streamed per hop) against 41.8 dB per block, at the same speed (``bench/README.md``,
+    the first 20 dev pairs, streamed per hop) against 41.8 dB per block, at about the same speed (``bench/README.md``,
     "int8 weights per block")."""
     from enhance.onnx_graph import quantize_graph
 
@@ -221,8 +221,7 @@ class OnnxStepper(FixedStepper):
             or bound.session is not self.one_frame_session
             or not bound.holds(tensors)
         ):
-            names = (self.conv_names, self.ring_names)
-            bound = state.runners[channel] = _BoundStep(self.one_frame_session, tensors, self.n_bins, *names)
+            bound = state.runners[channel] = _BoundStep(self, tensors)
         return bound.run(frames, mask, first_slot)
 
 
@@ -232,44 +231,39 @@ class _BoundStep:
     output. A copy of the stream's state (deepcopy, pickle) does not copy this: the copy binds its own on first
     use, as does a state continued by another stepper (another session)."""
 
-    def __init__(
-        self,
-        session: Any,
-        tensors: dict[str, torch.Tensor],
-        n_bins: int,
-        conv_names: list[str],
-        ring_names: list[str],
-    ) -> None:
+    def __init__(self, stepper: OnnxStepper, tensors: dict[str, torch.Tensor]) -> None:
         import numpy as np
 
-        self.session, self.tensors = session, dict(tensors)
-        self.binding = session.io_binding()
-        context = next(t.shape[-1] for name, t in tensors.items() if name.startswith("k_"))
-        self.feat, self.mask = torch.zeros(1, 1, n_bins), torch.zeros(1, context + 1)
+        assert stepper.one_frame_session is not None
+        self.session: Any = stepper.one_frame_session
+        self.tensors = dict(tensors)
+        self.binding = self.session.io_binding()
+        # the buffers are numpy arrays: a small copy costs numpy a third of what it costs torch
+        self.feat = np.zeros((1, 1, stepper.n_bins), np.float32)
+        self.mask = np.zeros((1, stepper.context + 1), np.float32)
         self.mask_of: torch.Tensor | None = None  # the mask tensor self.mask holds a copy of
-        for name, t in {"feat": self.feat, "mask": self.mask, **self.tensors}.items():
+        buffers = {"feat": self.feat.ctypes.data, "mask": self.mask.ctypes.data}
+        for name, t in self.tensors.items():
             assert t.dtype == torch.float32 and t.is_contiguous(), name
-            self.binding.bind_input(name, "cpu", 0, np.float32, list(t.shape), t.data_ptr())
-        self.outputs = []
-        for meta in session.get_outputs():
-            out = torch.empty([1 if isinstance(d, str) else d for d in meta.shape])
-            self.binding.bind_output(meta.name, "cpu", 0, np.float32, list(out.shape), out.data_ptr())
-            self.outputs.append(out)
-        # the outputs after log_mag and the maps: the new conv caches, then the new frame's k/v(/u), in the
-        # order of the state's names; numpy views (a small copy costs numpy a third of what it costs torch)
-        n_head = len(self.outputs) - len(conv_names) - len(ring_names)  # log_mag and the competition maps
-        self.head = [o.numpy() for o in self.outputs[:n_head]]
-        # written through numpy: the buffers may be inference tensors (made under torch.inference_mode, as the
-        # engine runs), which torch refuses to update in place outside it
-        self.feat_np, self.mask_np = self.feat.numpy(), self.mask.numpy()
-        new = [o.numpy() for o in self.outputs[n_head:]]
-        self.convs = [(tensors[n].numpy(), src) for n, src in zip(conv_names, new, strict=False)]
-        rings = zip(ring_names, new[len(conv_names) :], strict=True)
-        self.keys = [
-            (tensors[n].numpy(), src[..., 0]) for n, src in rings if n.startswith("k_")
-        ]  # [B, H, Dh, C]
-        rings = zip(ring_names, new[len(conv_names) :], strict=True)
-        self.values = [(tensors[n].numpy(), src[:, :, 0]) for n, src in rings if not n.startswith("k_")]
+            buffers[name] = t.data_ptr()
+        for meta in self.session.get_inputs():
+            shape = [1 if isinstance(d, str) else d for d in meta.shape]
+            self.binding.bind_input(meta.name, "cpu", 0, np.float32, shape, buffers[meta.name])
+        outputs = []
+        for meta in self.session.get_outputs():
+            out = np.empty([1 if isinstance(d, str) else d for d in meta.shape], np.float32)
+            self.binding.bind_output(meta.name, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+            outputs.append(out)
+        n_head = 1 + stepper.n_maps
+        self.head = outputs[:n_head]  # log_mag and the competition maps
+        convs = outputs[n_head : n_head + len(stepper.conv_names)]
+        self.convs = [(tensors[n].numpy(), new) for n, new in zip(stepper.conv_names, convs, strict=True)]
+        # each ring with the new frame's k/v(/u) and the index of a ring slot but for the slot itself
+        rings = outputs[n_head + len(stepper.conv_names) :]
+        self.rings: list[tuple[np.ndarray, np.ndarray, tuple[Any, ...]]] = [
+            (tensors[n].numpy(), new.squeeze(slot_axis(n)), (slice(None),) * slot_axis(n))
+            for n, new in zip(stepper.ring_names, rings, strict=True)
+        ]
 
     def holds(self, tensors: dict[str, torch.Tensor]) -> bool:
         """Whether the bound state tensors are still the channel's (the same objects, so the same memory)."""
@@ -279,17 +273,15 @@ class _BoundStep:
         """One frame through the session; the new conv caches and the frame's k/v(/u), into ring slot ``slot``,
         are written to the channel's tensors (as :meth:`FixedStepper._keep_new` does); returns copies of the
         log magnitude and the competition maps."""
-        self.feat_np[...] = frames.numpy()
+        self.feat[...] = frames.numpy()
         if mask is not self.mask_of:  # the host reuses one mask once the ring is full: copied once
-            self.mask_np[...] = mask.numpy()
+            self.mask[...] = mask.numpy()
             self.mask_of = mask
         self.session.run_with_iobinding(self.binding)
         for cache, new in self.convs:
             cache[...] = new
-        for ring, new in self.keys:  # keys are stored transposed: the slot is the last axis
-            ring[..., slot] = new
-        for ring, new in self.values:
-            ring[:, :, slot] = new
+        for ring, new, before_slot in self.rings:
+            ring[(*before_slot, slot)] = new
         return [torch.from_numpy(out.copy()) for out in self.head]  # the bound ones change with the next call
 
     def __deepcopy__(self, memo: dict[int, Any]) -> None:
@@ -326,9 +318,8 @@ def _open(path: str | os.PathLike[str], threads: int, frames: int | None) -> Any
     try:
         session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     except Exception as exc:
-        if "MatMulNBits" in str(
-            exc
-        ):  # an 8-bit step on an older onnxruntime: say so rather than its own error
+        # an 8-bit step on an older onnxruntime: say what to install rather than its own error
+        if "MatMulNBits" in str(exc):
             require_8bit_kernels()
         raise
     if session.get_modelmeta().custom_metadata_map.get(WEIGHTS_FORMAT_KEY) == BLOCKWISE:

@@ -36,6 +36,12 @@ from models.pre_encoder import ConvBlock
 from models.tim_layer import TIMLayer
 
 
+def slot_axis(name: str) -> int:
+    """The axis along which the ring buffer ``name`` holds its frames (and the step returns its new frames):
+    3 for keys, stored transposed [B, H, Dh, C]; 2 for values and MAE gate inputs [B, *, C, *]."""
+    return 3 if name.startswith("k_") else 2
+
+
 def unsupported(model: Enhancer) -> str | None:
     """Why the fixed-shape step cannot run ``model`` (None: it can): it keeps a ring of ``context_frames`` >= 1
     slots and is written for a lookahead of one frame."""

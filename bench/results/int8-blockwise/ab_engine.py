@@ -26,6 +26,7 @@ from bench_chunk_sizes import fastest_alternating, rtf  # noqa: E402
 from bench_streaming import test_signal  # noqa: E402
 
 from enhance import onnx_graph  # noqa: E402
+from enhance.audio_io import atomic_path  # noqa: E402
 from enhance.onnx_backend import OnnxStepper, _read_origin, _write_origin, export_step  # noqa: E402
 from enhance.streaming import StreamingEnhancer  # noqa: E402
 from models.pretrained import load_pretrained  # noqa: E402
@@ -40,6 +41,13 @@ def per_tensor(src: Path, dst: Path) -> None:
         onnx_graph.fold_constants(src, folded)
         quantize_dynamic(str(folded), str(dst), weight_type=QuantType.QInt8, reduce_range=True)
     _write_origin(dst, _read_origin(src))
+
+
+def per_tensor_step(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
+    """:func:`per_tensor` with the signature of enhance.onnx_backend.quantize_step (atomic), to stand in for it."""
+    with atomic_path(dst) as out:
+        per_tensor(Path(src), Path(out))
+    return Path(dst)
 
 
 def blockwise(src: Path, dst: Path, simplify: bool) -> None:

@@ -24,14 +24,9 @@ from enhance import onnx_graph  # noqa: E402
 
 choice, rest = sys.argv[1], sys.argv[2:]
 if choice == "tensor":
-    from ab_engine import per_tensor
+    from ab_engine import per_tensor_step
 
-    def quantize_step(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
-        with onnx_backend.atomic_path(dst) as out:
-            per_tensor(Path(src), Path(out))
-        return Path(dst)
-
-    onnx_backend.quantize_step = quantize_step
+    onnx_backend.quantize_step = per_tensor_step
 else:
     onnx_graph.quantize_graph = functools.partial(onnx_graph.quantize_graph, block_size=int(choice))
 sys.exit(bench_int8.main(rest))

@@ -16,18 +16,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(HERE)]
 import numpy as np  # noqa: E402
 import soundfile as sf  # noqa: E402
 import torch  # noqa: E402
-from ab_engine import per_tensor  # noqa: E402
+from ab_engine import per_tensor_step  # noqa: E402
 
 import enhance.onnx_backend as onnx_backend  # noqa: E402
 from enhance.backends import streaming_backend  # noqa: E402
 from enhance.streaming import StreamingEnhancer  # noqa: E402
 from models.pretrained import load_pretrained  # noqa: E402
-
-
-def per_tensor_step(src: str, dst: str) -> Path:
-    with onnx_backend.atomic_path(dst) as out:
-        per_tensor(Path(src), Path(out))
-    return Path(dst)
 
 
 def main() -> int:
@@ -43,7 +37,7 @@ def main() -> int:
     print("| step | 32-ms chunks vs 16-ms | 256-ms chunks vs 16-ms |\n|---|---|---|")
     for label, make in [*backends.items(), ("int8 per tensor (before session 29)", None)]:
         if make is None:
-            onnx_backend.quantize_step = per_tensor_step  # type: ignore[assignment]
+            onnx_backend.quantize_step = per_tensor_step
             backend = streaming_backend(model, "onnxruntime-int8")
             onnx_backend.quantize_step = blockwise
         else:
