@@ -4,7 +4,8 @@
 each ring slot holds, and from that the mask of what each new frame may see; it writes each step's new k/v into
 the ring's oldest slots, holds back frame 0 for the lookahead and feeds the end's zero padding, so that it has the
 contract of :meth:`models.enhancer.Enhancer.step` and plugs into :class:`enhance.streaming.StreamingEnhancer` as
-``backend``. Runners:
+``backend``; its :meth:`FixedStepper.run_frames` also does the engine's signal path around the step (analysis,
+synthesis with the noisy phase, overlap-add) in NumPy. Runners:
 
 * :class:`TracedStepper`: the step traced and frozen with TorchScript (no Python per op), up to 64 frames per call;
 * :class:`enhance.onnx_backend.OnnxStepper`: the step exported to ONNX, run with onnxruntime, also up to 64 frames.
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from enhance.stft import sqrt_hann
 from models.enhancer import Enhancer, EnhancerOutput, WeightsWatch
 from models.static_step import StaticStep, slot_axis
 
@@ -64,6 +66,8 @@ class FixedStepper:
         self.n_bins = model.cfg.pre_encoder.n_bins
         self.n_maps = len(model.competition_blocks)
         self.context = model.cfg.context_frames
+        self.hop = model.cfg.stft.hop_length  # win_length == n_fft == 2 * hop (STFTConfig)
+        self.window = sqrt_hann(model.cfg.stft.win_length).numpy()
         names = [name for name, _ in self.static.state_shapes(1)]
         self.conv_names = [n for n in names if n.startswith("conv_")]
         self.ring_names = [n for n in names if n != "mask" and not n.startswith("conv_")]
@@ -158,13 +162,73 @@ class FixedStepper:
                 for b in range(len(state.channels))
             ]
             state.frames_out += n
-            outs.append(torch.cat([r[0] for r in per_channel]))
+            outs.append(_cat([r[0] for r in per_channel], 0))
             if return_competition:
                 for i, store in enumerate(maps):
-                    store.append(torch.cat([r[1 + i] for r in per_channel], dim=0))
-        log_mag = torch.cat(outs, dim=1) if outs else x.new_zeros(x.shape[0], 0, self.n_bins)
-        competition = [torch.cat(m, dim=1) for m in maps] if return_competition and outs else None
+                    store.append(_cat([r[1 + i] for r in per_channel], 0))
+        log_mag = _cat(outs, 1) if outs else x.new_zeros(x.shape[0], 0, self.n_bins)
+        competition = [_cat(m, 1) for m in maps] if return_competition and outs else None
         return EnhancerOutput(log_mag, competition), state
+
+    def run_frames(
+        self,
+        samples: np.ndarray,
+        n: int,
+        final: bool,
+        state: FixedState,
+        pending: np.ndarray,
+        tail: np.ndarray,
+        return_competition: bool = False,
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The engine's per-frame signal path around :meth:`step`, in NumPy (the contract of
+        :meth:`enhance.native_backend.NativeStepper.run_frames`, which the engine takes when a backend has it):
+        ``n`` new frames of ``samples`` [B, (n - 1) * hop + win] analysed, stepped, rebuilt with the noisy phase
+        and overlap-added; ``pending`` [B, F] complex64 (the spectrum waiting for its lookahead frame) and
+        ``tail`` [B, win - hop] float32 are updated in place. Returns the final samples [B, m * hop] of the m
+        frames output and, with ``return_competition``, their competition scores [B, m, n_s] per TIM layer.
+        The signal path of :mod:`enhance.stft` (equal to float32 rounding), at NumPy's cost per call instead of
+        PyTorch's: around the step, a 16-ms hop is a dozen operations on 257-bin vectors, whose fixed cost per
+        call is most of their time (0.87x the time per hop for onnxruntime-int8, session 30, bench/README.md,
+        "The signal path in NumPy")."""
+        hop, batch = self.hop, samples.shape[0]
+        if n:
+            x = np.ascontiguousarray(samples, np.float32)
+            rows, step = x.strides
+            frames = np.lib.stride_tricks.as_strided(
+                x, (batch, n, 2 * hop), (rows, hop * step, step), writeable=False
+            )
+            spec = np.fft.rfft(frames * self.window, axis=-1).astype(np.complex64, copy=False)  # [B, n, F]
+        else:
+            spec = np.zeros((batch, 0, self.n_bins), np.complex64)
+        mag = np.abs(spec)
+        held = state.started  # frame 0 is held for its lookahead: the outputs then start with `pending`
+        out, state = self.step(torch.from_numpy(np.log1p(mag)), state, final, return_competition)
+        if held:
+            spec = np.concatenate([pending[:, None], spec], axis=1)
+            mag = np.concatenate([np.abs(pending)[:, None], mag], axis=1)
+        log_mag = out.log_mag.numpy()
+        m = log_mag.shape[1]
+        if spec.shape[1] > m:
+            pending[...] = spec[:, m]
+        if not m:
+            return np.zeros((batch, 0), np.float32), []
+        # the noisy phase as the spectrum over its magnitude; a zero bin (digital silence) has phase 0
+        spec, mag = spec[:, :m], mag[:, :m]
+        phase = np.divide(spec, mag, out=np.ones_like(spec), where=mag > 0)
+        rebuilt = np.expm1(np.maximum(log_mag, 0.0)) * phase
+        frames = np.fft.irfft(rebuilt, n=2 * hop, axis=-1).astype(np.float32, copy=False) * self.window
+        # overlap-add: each frame's first half plus the second half of the one before ([B, m, hop])
+        wav = frames[..., :hop].copy()
+        wav[:, 0] += tail
+        wav[:, 1:] += frames[:, :-1, hop:]
+        tail[...] = frames[:, -1, hop:]
+        maps = [c.numpy() for c in out.competition] if return_competition and out.competition else []
+        return wav.reshape(batch, m * hop), maps
+
+
+def _cat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """``torch.cat``, without its cost for the one part of a one-channel, one-frame hop."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
 
 def _db(limit: float | None) -> str:

@@ -56,8 +56,9 @@ class StreamingEnhancer:
         :class:`enhance.native_backend.NativeStepper` the step in C, faster on a CPU (:mod:`enhance.backends`
         chooses). All give the same samples, but for an int8 OnnxStepper (``onnxruntime-int8``) and a float16 or
         int8 NativeStepper (``native-fp16``, ``native-int8``), which are close to them. A backend with
-        ``run_frames`` (NativeStepper) also does the analysis, synthesis and overlap-add of each frame (in C); for
-        the rest they run here with :mod:`enhance.stft` (PyTorch, on the model's device and dtype)."""
+        ``run_frames`` also does the analysis, synthesis and overlap-add of each frame: NativeStepper in C, the
+        fixed-step backends (TorchScript, onnxruntime) in NumPy; for the PyTorch backend they run here with
+        :mod:`enhance.stft` (on the model's device and dtype)."""
         if not (isinstance(channels, (int, np.integer)) and 1 <= channels <= MAX_CHANNELS):
             raise ValueError(f"channels must be an integer from 1 to {MAX_CHANNELS}, got {channels!r}")
         self.model, self.with_competition = model, with_competition  # its mode is its owner's (Enhancer.step)
