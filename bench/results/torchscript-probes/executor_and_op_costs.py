@@ -7,11 +7,12 @@ Run from the repository root, one thread, nothing else running:
 
 ``ops``: microseconds per repetition of a trivial node pattern in a frozen, optimised traced graph (200
 repetitions against none): a transpose, a reshape by two ``aten::size`` values (4 nodes: two sizes, a list, the
-reshape), an add. ``default`` / ``legacy``: the backend's frozen, optimised one-frame step (ms per call, fastest of
+reshape), an add. ``default`` / ``legacy``: the node count of the backend's frozen, optimised step by kind, and its time per one-frame call (ms per call, fastest of
 7 batches of 200, three times) with the profiling executor (PyTorch's default) or the legacy one. Output:
 executor_and_op_costs.txt.
 """
 
+import collections
 import copy
 import sys
 import time
@@ -81,6 +82,8 @@ else:
         m = torch.jit.optimize_for_inference(
             torch.jit.freeze(torch.jit.trace(step, tuple(ex2), check_trace=False).eval())
         )
+    kinds = collections.Counter(node.kind() for node in m.graph.nodes())
+    print(f"{sum(kinds.values())} graph nodes:", ", ".join(f"{k} {n}" for k, n in kinds.most_common()))
     print(
         f"{mode} executor, traced step:",
         " ".join(f"{fastest(lambda: m(*feed)) * 1e3:.3f}" for _ in range(3)),
