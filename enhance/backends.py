@@ -7,6 +7,11 @@
 * ``torchscript``: :class:`enhance.fixed_step.TracedStepper`, the fixed-shape step traced and frozen, up to 64
   frames per call. On a CPU it is faster than eager PyTorch at every chunk size, 1.8-2.4x for 16 ms chunks
   (``bench/bench_chunk_sizes.py``). CPU, float32.
+* ``torchscript-int8``: the same traced step with the pre-encoder's four products (its largest weights, 10.1 of
+  22.4 MiB on the default model) in 8 bits, one scale per output channel (:mod:`enhance.torch_int8`, PyTorch's
+  dynamic int8 product): faster per 16 ms hop, but not the same samples (about 44 dB signal to difference on the
+  default model; ``bench/bench_int8.py``). Chosen only by name. Needs PyTorch's int8 kernels for the CPU
+  (x86-64: fbgemm; ARM: qnnpack).
 * ``onnxruntime``: :class:`enhance.onnx_backend.OnnxStepper` on the step exported to temporary files (up to 64
   frames per call, and a one-frame export for per-hop calls); needs the ``onnx`` extra.
 * ``onnxruntime-int8``: the same with the step's weights in 8 bits, one scale per block of 32
@@ -30,7 +35,7 @@
   context and the one-frame lookahead the fixed step is written for); else ``pytorch``. All three give the same
   samples to float32 rounding.
 
-All but ``native-fp16``, ``native-int8`` and ``onnxruntime-int8`` give the same samples (float32 rounding;
+All but ``native-fp16``, ``native-int8``, ``torchscript-int8`` and ``onnxruntime-int8`` give the same samples (float32 rounding;
 tested). A backend holds no per-stream state (that lives in the engine's :class:`enhance.streaming.StreamState`),
 so one backend can serve many streams, also from several threads at once (tested for ``torchscript`` and
 ``native``).
@@ -49,9 +54,14 @@ from models.static_step import unsupported
 NATIVE = {"native": "float32", "native-fp16": "float16", "native-int8": "int8"}
 # the reduced-precision backends' distance from the float output on the bundled default (median signal to
 # difference over the 120 dev pairs, bench/bench_int8.py), for both commands' --help
-REDUCED_PRECISION = "native-fp16 / native-int8 / onnxruntime-int8: reduced weights, faster, about 81 / 47 / 42 dB from the float output"
+REDUCED_PRECISION = (
+    "native-fp16 / native-int8 / onnxruntime-int8 / torchscript-int8: reduced weights, faster, "
+    "about 81 / 47 / 42 / 44 dB from the float output"
+)
+# the traced (TorchScript) step, and with the pre-encoder's products in int8
+TORCHSCRIPT = {"torchscript": False, "torchscript-int8": True}
 
-BACKENDS = ("auto", "pytorch", "torchscript", *NATIVE, "onnxruntime", "onnxruntime-int8")
+BACKENDS = ("auto", "pytorch", *TORCHSCRIPT, *NATIVE, "onnxruntime", "onnxruntime-int8")
 
 
 def resolve_backend(model: Enhancer, name: str = "auto") -> str:
@@ -95,10 +105,10 @@ def streaming_backend(model: Enhancer, name: str = "auto", threads: int = 1) -> 
     """The backend object for :class:`enhance.streaming.StreamingEnhancer` (None: PyTorch). ``threads``:
     onnxruntime's intra-op threads (TorchScript follows ``torch.set_num_threads``)."""
     kind = resolve_backend(model, name)
-    if kind == "torchscript":
+    if kind in TORCHSCRIPT:  # int8: raises Int8Unavailable (a RuntimeError) without PyTorch's int8 kernels
         from enhance.fixed_step import TracedStepper
 
-        return TracedStepper(model)
+        return TracedStepper(model, int8=TORCHSCRIPT[kind])
     if kind in NATIVE:  # raises NativeUnavailable (a RuntimeError saying why) without a compiler
         from enhance.native_backend import NativeStepper
 

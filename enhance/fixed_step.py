@@ -242,11 +242,17 @@ class TracedStepper(FixedStepper):
     max_frames = 64
     limit_baked_in = True
 
-    def __init__(self, model: Enhancer) -> None:
+    def __init__(self, model: Enhancer, int8: bool = False) -> None:
+        """``int8``: the pre-encoder's products with int8 weights (:mod:`enhance.torch_int8`; the
+        ``torchscript-int8`` backend): faster per hop, not the same samples."""
         super().__init__(model)
-        step = StaticStep(
-            copy.deepcopy(model).float()
-        ).eval()  # float32, without converting the caller's model
+        if int8:
+            from enhance.torch_int8 import int8_pre_encoder
+
+            traced_model = int8_pre_encoder(model)
+        else:  # float32, without converting the caller's model
+            traced_model = copy.deepcopy(model).float()
+        step = StaticStep(traced_model).eval()
         # traced with 2 new frames: the number of frames per call stays free (sizes are traced, not baked in)
         example = [torch.zeros(1, 2, self.n_bins)] + [
             torch.zeros(s) for _, s in step.state_shapes(1, frames=2)

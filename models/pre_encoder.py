@@ -64,12 +64,15 @@ class ConvBlock(nn.Module):
     def frames(self, x: torch.Tensor) -> torch.Tensor:
         """[B, C_in, T + k - 1] -> [B, T, C_out] (frames last): one matrix product of the T windows of k frames,
         flattened in the weight's order. Fastest for a few frames, and the form the fixed-shape step exports."""
+        return self.act(self.norm(F.linear(self.windows(x), self.conv.weight.flatten(1), self.conv.bias)))
+
+    def windows(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, C_in, T + k - 1] -> [B, T, C_in * k]: the T windows of k frames, flattened in the weight's order."""
         k = self.conv.kernel_size[0]
-        # [B, C_in, T, k] -> [B, T, C_in * k]; slices with constant ends (not unfold, which the ONNX exporter
-        # shapes wrongly, nor T, which a trace would bake in)
+        # slices with constant ends (not unfold, which the ONNX exporter shapes wrongly, nor T, which a trace
+        # would bake in)
         shifted = [x[..., j : j - (k - 1)] if j < k - 1 else x[..., j:] for j in range(k)]
-        windows = torch.stack(shifted, dim=-1).transpose(1, 2).flatten(2)
-        return self.act(self.norm(F.linear(windows, self.conv.weight.flatten(1), self.conv.bias)))
+        return torch.stack(shifted, dim=-1).transpose(1, 2).flatten(2)
 
 
 class PreEncoder(nn.Module):

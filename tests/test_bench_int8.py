@@ -61,14 +61,15 @@ def test_bench_int8_end_to_end(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "bench_int8:" in bad.stderr
 
 
-@pytest.mark.parametrize("backend", ["native-int8", "native-fp16"])
+@pytest.mark.parametrize("backend", ["native-int8", "native-fp16", "torchscript-int8"])
 def test_bench_int8_native_backends(tmp_path: Path, backend: str) -> None:
-    """The C step's reduced precisions against its float32 (no onnxruntime needed; a C compiler is)."""
+    """The C step's reduced precisions against its float32 (no onnxruntime needed; a C compiler is), and the
+    traced step with the int8 pre-encoder against the float traced step."""
     pairs = dev_pairs(tmp_path / "pairs", [speech_like(1.5, seed=s) for s in (1, 2)], noise_std=0.02, seed=0)
     out = tmp_path / "out"
     done = bench("--backend", backend, "--out", str(out), "--pairs", str(pairs))
     assert done.returncode == 0, done.stderr
-    reduced = "int8" if backend == "native-int8" else "float16"
+    reduced = "float16" if backend == "native-fp16" else "int8"
     speed = rows(out / "speed.csv")
     assert [(r["what"], r["kind"]) for r in speed] == [
         (what, kind)
@@ -86,5 +87,7 @@ def test_bench_int8_native_backends(tmp_path: Path, backend: str) -> None:
         (n, k) for n in ("0000", "0001") for k in sorted(("float32", reduced))
     ]
     summary = (out / "summary.md").read_text()
-    assert f"{backend} against native (float32)" in summary
-    assert f"with {reduced} matrices" in summary and "signal to difference median" in summary
+    base = backend.rsplit("-", 1)[0]
+    assert f"{backend} against {base} (float32)" in summary and "signal to difference median" in summary
+    what = "the pre-encoder's products in int8" if base == "torchscript" else f"{reduced} matrices"
+    assert f"MiB with {what}" in summary

@@ -69,6 +69,8 @@ def test_bench_streaming_fills_every_row(tiny: Path, tmp_path: Path) -> None:
         "tim-enhance (PyTorch)",
         "tim-enhance (TorchScript)",
         "tim-enhance (TorchScript, 32 ms chunks)",
+        "tim-enhance (TorchScript, int8 pre-encoder)",
+        "tim-enhance (TorchScript, int8 pre-encoder, 32 ms chunks)",
         "tim-enhance (native C)",
         "tim-enhance (native C, float16 weights)",
         "tim-enhance (native C, int8 weights)",

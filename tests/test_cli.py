@@ -375,11 +375,14 @@ def test_stream_file_mode_equals_offline(tmp_path: Path, ckpt: str, backend: str
     assert np.abs(np.load(tmp_path / "m.npz")["block2"] - ref.competition[0]).max() < 1e-5
 
 
-def test_stream_int8_backend_runs_from_the_cli(tmp_path: Path, ckpt: str) -> None:
-    """``--stream-backend onnxruntime-int8``: int8 weights, so not the offline samples, but the same length and
-    within 20 dB (signal to difference) of them (39 dB when written) for the small test model too."""
-    pytest.importorskip("onnxruntime")
-    pytest.importorskip("onnx")
+@pytest.mark.parametrize("backend", ["onnxruntime-int8", "torchscript-int8"])
+def test_stream_int8_backend_runs_from_the_cli(tmp_path: Path, ckpt: str, backend: str) -> None:
+    """``--stream-backend onnxruntime-int8`` / ``torchscript-int8``: int8 weights, so not the offline samples, but
+    the same length and within 20 dB (signal to difference) of them (39 dB when written) for the small test
+    model too."""
+    if backend == "onnxruntime-int8":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnx")
     x = noisy(2.3, 16000)
     src = tmp_path / "in.wav"
     sf.write(src, x, 16000, subtype="FLOAT")
@@ -387,7 +390,7 @@ def test_stream_int8_backend_runs_from_the_cli(tmp_path: Path, ckpt: str) -> Non
     proc = cli(
         "--stream",
         "--stream-backend",
-        "onnxruntime-int8",
+        backend,
         str(src),
         "-o",
         str(out_path),
