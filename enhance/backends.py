@@ -8,8 +8,8 @@
   frames per call. On a CPU it is faster than eager PyTorch at every chunk size, 1.8-2.4x for 16 ms chunks
   (``bench/bench_chunk_sizes.py``). CPU, float32.
 * ``torchscript-int8``: the same traced step with the pre-encoder's four products (its largest weights, 10.1 of
-  22.4 MiB on the default model) in 8 bits, one scale per output channel (:mod:`enhance.torch_int8`, PyTorch's
-  dynamic int8 product): faster per 16 ms hop, but not the same samples (about 44 dB signal to difference on the
+  22.5 MiB on the default model) in 8 bits, one scale per output channel (:mod:`enhance.torch_int8`, PyTorch's
+  dynamic int8 product): faster per 16 ms hop, but not the same samples (about 43 dB signal to difference on the
   default model; ``bench/bench_int8.py``). Chosen only by name. Needs PyTorch's int8 kernels for the CPU
   (x86-64: fbgemm; ARM: qnnpack).
 * ``onnxruntime``: :class:`enhance.onnx_backend.OnnxStepper` on the step exported to temporary files (up to 64
@@ -56,7 +56,7 @@ NATIVE = {"native": "float32", "native-fp16": "float16", "native-int8": "int8"}
 # difference over the 120 dev pairs, bench/bench_int8.py), for both commands' --help
 REDUCED_PRECISION = (
     "native-fp16 / native-int8 / onnxruntime-int8 / torchscript-int8: reduced weights, faster, "
-    "about 81 / 47 / 42 / 44 dB from the float output"
+    "about 81 / 47 / 42 / 43 dB from the float output"
 )
 # the traced (TorchScript) step, and with the pre-encoder's products in int8
 TORCHSCRIPT = {"torchscript": False, "torchscript-int8": True}

@@ -7,10 +7,11 @@ contract of :meth:`models.enhancer.Enhancer.step` and plugs into :class:`enhance
 ``backend``; its :meth:`FixedStepper.run_frames` also does the engine's signal path around the step (analysis,
 synthesis with the noisy phase, overlap-add) in NumPy. Runners:
 
-* :class:`TracedStepper`: the step traced and frozen with TorchScript (no Python per op), up to 64 frames per call;
+* :class:`TracedStepper`: the step traced and frozen with TorchScript (no Python per op), up to 64 frames per call
+  (``int8``: with the pre-encoder's products in int8, :mod:`enhance.torch_int8`);
 * :class:`enhance.onnx_backend.OnnxStepper`: the step exported to ONNX, run with onnxruntime, also up to 64 frames.
 
-Both equal the PyTorch step to float32 rounding (tested).
+Both equal the PyTorch step to float32 rounding (tested), but for the int8 ones, which are close to it.
 """
 
 from __future__ import annotations

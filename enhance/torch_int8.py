@@ -1,7 +1,7 @@
 """8-bit weights for the pre-encoder's products in PyTorch: what the ``torchscript-int8`` backend traces.
 
 The pre-encoder's four convolutions are the largest weight matrices of the default model (771 x 1024,
-3072 x 512, 1536 x 128, 384 x 256: 10.1 of its 22.4 MiB), and a per-hop stream reads every weight each 16 ms.
+3072 x 512, 1536 x 128, 384 x 256: 10.1 of its 22.5 MiB), and a per-hop stream reads every weight each 16 ms.
 :func:`int8_pre_encoder` returns a copy of the model whose conv blocks multiply by int8 copies of those weights
 (one float scale per output channel; PyTorch's dynamic int8 product, ``torch.ops.quantized.linear_dynamic``,
 which quantises each call's input to 8 bits per tensor as it runs, with 7-bit inputs: ``reduce_range``, against
@@ -10,9 +10,9 @@ windowed products (:meth:`Int8ConvBlock.frames`), which the fixed-shape step use
 convolutions stay float (only the backend's traced step runs the copy).
 
 Smaller products are left in float32 on purpose: at one frame per call PyTorch's int8 product costs more than a
-float32 one below about 256 x 768 (session 30, ``bench/README.md``, "int8 pre-encoder in PyTorch"), and the
-transformer's products are that size or smaller. Not the float samples: about 44 dB from them on the default
-model (``bench/bench_int8.py --backend torchscript-int8``).
+float32 one at 256 x 768 and below (session 30, ``bench/README.md``, "int8 pre-encoder in PyTorch"), and the
+transformer's products are that size or smaller. Not the float samples: 42.9 dB from them on the default model
+(median over the 120 dev pairs; scores equal; ``bench/bench_int8.py --backend torchscript-int8``).
 """
 
 from __future__ import annotations

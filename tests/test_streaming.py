@@ -460,6 +460,20 @@ def test_torchscript_int8_is_close_to_float_on_the_default_model_and_really_quan
         assert 38.0 < snr < 70.0, (chunk, snr)
 
 
+def test_torchscript_int8_says_so_where_pytorch_has_no_int8_product(monkeypatch) -> None:
+    """A PyTorch build without int8 kernels for the CPU cannot be had here, so its error is simulated: the backend
+    raises Int8Unavailable (a RuntimeError, which the CLI reports with exit 2) naming the float backend."""
+    from enhance.backends import streaming_backend
+    from enhance.torch_int8 import Int8Unavailable
+
+    def no_kernels(*args, **kwargs):
+        raise RuntimeError("Didn't find engine for operation quantized::linear_prepack NoQEngine")
+
+    monkeypatch.setattr(torch.ops.quantized, "linear_prepack", no_kernels)
+    with pytest.raises(Int8Unavailable, match=r"cannot run int8 products here .*use the torchscript backend"):
+        streaming_backend(_model("tiny").float(), "torchscript-int8")
+
+
 @pytest.mark.parametrize("name", TINY)
 def test_torchscript_backend_equals_pytorch(name: str) -> None:
     from enhance.fixed_step import TracedStepper
