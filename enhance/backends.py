@@ -37,8 +37,8 @@
 
 All but ``native-fp16``, ``native-int8``, ``torchscript-int8`` and ``onnxruntime-int8`` give the same samples (float32 rounding;
 tested). A backend holds no per-stream state (that lives in the engine's :class:`enhance.streaming.StreamState`),
-so one backend can serve many streams, also from several threads at once (tested for ``torchscript`` and
-``native``).
+so one backend can serve many streams, also from several threads at once (tested for ``torchscript``,
+``torchscript-int8`` and ``native``).
 """
 
 from __future__ import annotations

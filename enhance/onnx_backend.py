@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from enhance.audio_io import atomic_path
@@ -232,8 +233,6 @@ class _BoundStep:
     use, as does a state continued by another stepper (another session)."""
 
     def __init__(self, stepper: OnnxStepper, tensors: dict[str, torch.Tensor]) -> None:
-        import numpy as np
-
         assert stepper.one_frame_session is not None
         self.session: Any = stepper.one_frame_session
         self.tensors = dict(tensors)

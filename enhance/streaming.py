@@ -54,8 +54,9 @@ class StreamingEnhancer:
         """``backend``: None runs ``model.step`` (PyTorch); :class:`enhance.fixed_step.TracedStepper` (TorchScript)
         or :class:`enhance.onnx_backend.OnnxStepper` (onnxruntime) run the fixed-shape step, and
         :class:`enhance.native_backend.NativeStepper` the step in C, faster on a CPU (:mod:`enhance.backends`
-        chooses). All give the same samples, but for an int8 OnnxStepper (``onnxruntime-int8``) and a float16 or
-        int8 NativeStepper (``native-fp16``, ``native-int8``), which are close to them. A backend with
+        chooses). All give the same samples, but for an int8 OnnxStepper (``onnxruntime-int8``) or TracedStepper
+        (``torchscript-int8``) and a float16 or int8 NativeStepper (``native-fp16``, ``native-int8``), which are
+        close to them. A backend with
         ``run_frames`` also does the analysis, synthesis and overlap-add of each frame: NativeStepper in C, the
         fixed-step backends (TorchScript, onnxruntime) in NumPy; for the PyTorch backend they run here with
         :mod:`enhance.stft` (on the model's device and dtype)."""

@@ -4,12 +4,15 @@ Run from the repository root, one thread, nothing else running:
     PYTHONPATH=. python bench/results/torchscript-probes/executor_and_op_costs.py ops        # cost per graph node
     PYTHONPATH=. python bench/results/torchscript-probes/executor_and_op_costs.py default    # the traced step
     PYTHONPATH=. python bench/results/torchscript-probes/executor_and_op_costs.py legacy     # the legacy executor
+    PYTHONPATH=. python bench/results/torchscript-probes/executor_and_op_costs.py onednn     # oneDNN Graph fuser
 
 ``ops``: microseconds per repetition of a trivial node pattern in a frozen, optimised traced graph (200
 repetitions against none): a transpose, a reshape by two ``aten::size`` values (4 nodes: two sizes, a list, the
 reshape), an add. ``default`` / ``legacy``: the node count of the backend's frozen, optimised step by kind, and its time per one-frame call (ms per call, fastest of
-7 batches of 200, three times) with the profiling executor (PyTorch's default) or the legacy one. Output:
-executor_and_op_costs.txt.
+7 batches of 200, three times) with the profiling executor (PyTorch's default) or the legacy one. ``onednn``: the
+same with TorchScript's oneDNN Graph fuser on (``torch.jit.enable_onednn_fusion``, which would merge products with
+their adds and activations; the step frozen, not optimised, as the fuser wants it): it fails at the step's first
+run. Output: executor_and_op_costs.txt.
 """
 
 import collections
@@ -22,6 +25,8 @@ import torch
 mode = sys.argv[1]
 if mode == "legacy":
     torch._C._jit_set_profiling_executor(False)
+elif mode == "onednn":
+    torch.jit.enable_onednn_fusion(True)
 torch.set_num_threads(1)
 
 
@@ -79,9 +84,9 @@ else:
     ]
     feed[1 + names.index("mask")].zero_()
     with torch.no_grad():
-        m = torch.jit.optimize_for_inference(
-            torch.jit.freeze(torch.jit.trace(step, tuple(ex2), check_trace=False).eval())
-        )
+        m = torch.jit.freeze(torch.jit.trace(step, tuple(ex2), check_trace=False).eval())
+        if mode != "onednn":
+            m = torch.jit.optimize_for_inference(m)
     kinds = collections.Counter(node.kind() for node in m.graph.nodes())
     print(f"{sum(kinds.values())} graph nodes:", ", ".join(f"{k} {n}" for k, n in kinds.most_common()))
     print(
