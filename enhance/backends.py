@@ -11,7 +11,7 @@
   22.5 MiB on the default model) in 8 bits, one scale per output channel (:mod:`enhance.torch_int8`, PyTorch's
   dynamic int8 product): faster per 16 ms hop, but not the same samples (about 43 dB signal to difference on the
   default model; ``bench/bench_int8.py``). Chosen only by name. Needs PyTorch's int8 kernels for the CPU
-  (x86-64: fbgemm; ARM: qnnpack).
+  (x86-64: fbgemm; ARM: qnnpack, not tried).
 * ``onnxruntime``: :class:`enhance.onnx_backend.OnnxStepper` on the step exported to temporary files (up to 64
   frames per call, and a one-frame export for per-hop calls); needs the ``onnx`` extra.
 * ``onnxruntime-int8``: the same with the step's weights in 8 bits, one scale per block of 32
