@@ -14,8 +14,9 @@
 # Settings (environment): PYTHON (python), NO_WHEELS, LIMIT_MIB (62), SPEECH_LEVEL (0.9), NOISE_LEVEL (0.95),
 # DEV_EVERY (4: every 4th dev pair). The noise less coded, as session 31 trained (level 0.95 measurably cost
 # quality, recipes/README.md): NOISE_LEVEL=0.9 DEV_EVERY=12 (9.9 MiB of noise, 10 dev pairs) into a fresh DEST
-# (files already there are kept; raise DEV_EVERY as the tracked tree grows). LIMIT_MIB is 62, not the tool's 64: the `device` tool refused a tree this
-# script counted at 63.0 MiB (session 31; 62.0 and 61.9 passed), so it counts more than the files' bytes.
+# (files already there are kept; raise DEV_EVERY as the tracked tree grows). LIMIT_MIB is 62, not the tool's
+# 64: the `device` tool refused a tree this script counted at 63.0 MiB (session 31; 62.0 and 61.9 passed), so it
+# counts more than the files' bytes.
 set -euo pipefail
 DATA=${1:-../shared/data}
 DEST=${2:-.gpu}
