@@ -10,7 +10,7 @@
 #   docker run --rm -p 8000:8000 tim-enhance-server
 #   curl -fsS localhost:8000/readyz && curl -fsS -H 'Content-Type: audio/wav' --data-binary @examples/noisy.wav \
 #        localhost:8000/v1/enhance -o clean.wav
-# With an API key, more workers, CORS for a front end (any enhance-server flag goes after the image name):
+# With an API key, 2 threads per enhancement, CORS for a front end (any enhance-server flag goes after the image name):
 #   docker run --rm -p 8000:8000 -e ENHANCE_API_KEY=change-me --cpus 4 tim-enhance-server \
 #       --max-concurrency 2 --threads 2 --cors-origin https://app.example
 # Another model (a checkpoint made by the training recipes), mounted read-only:

@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--stream-backend",
         choices=BACKENDS,
         help="what runs the model's 16 ms steps (with --stream): auto (the default) = native, the step in C, where "
-        "a C compiler is (compiled once, cached; about 2x faster than torchscript per 16 ms hop), else torchscript on "
+        "a C compiler is (compiled once, cached; 3-4x faster than torchscript per 16 ms hop in our benchmark), else torchscript on "
         "a CPU, else pytorch; onnxruntime needs the 'onnx' extra. Same samples, but for "
         f"{REDUCED_PRECISION} (medians over the dev pairs)",
     )
