@@ -11,6 +11,7 @@ import contextlib
 import errno
 import io
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -97,9 +98,19 @@ def read_frames(f: sf.SoundFile) -> np.ndarray:
 
 def read_blocks(f: sf.SoundFile, blocksize: int) -> Iterator[np.ndarray]:
     """An open file's samples as float32 ``[samples, channels]`` blocks of ``blocksize`` (the last one shorter),
-    also for the codecs that are read only sequentially (see :func:`read_frames`)."""
-    frames = -1 if f.seekable() else f.frames
-    return f.blocks(blocksize=blocksize, frames=frames, dtype="float32", always_2d=True)
+    from where it stands to the end, also for the codecs that are read only sequentially (see
+    :func:`read_frames`). A file that ends before the frame count its header gives (a truncated MP3, Ogg or
+    FLAC) ends the blocks there: the caller sees fewer frames than ``f.frames`` (soundfile's own ``blocks()``
+    went on to the header's count, yielding its reused buffer again: the output repeated stale audio)."""
+    left = f.frames - (f.tell() if f.seekable() else 0)
+    while left > 0:
+        want = min(blocksize, left)
+        block = f.read(want, dtype="float32", always_2d=True)
+        if len(block):
+            yield block
+        if len(block) < want:
+            return
+        left -= want
 
 
 UNKNOWN_LENGTH = 2**63 - 1  # libsndfile's frame count for a header without a length (SF_COUNT_MAX)
@@ -129,11 +140,21 @@ def check_header(name: str, frames: int, channels: int | None = None, rate: int 
         raise AudioError(f"{name}: {problem}")
 
 
+def unreadable(path: Any) -> str | None:
+    """Why a file that is there cannot be opened, where the OS says so (libsndfile's own words for it are
+    "System error"): no read permission. None: readable, or not a path."""
+    if isinstance(path, str | bytes) and os.path.isfile(path) and not os.access(path, os.R_OK):
+        return "permission denied (cannot read it)"
+    return None
+
+
 def read_info(source: Source) -> AudioInfo:
     """Header of an audio file without reading the samples (raises :class:`AudioError`)."""
     src = _open_source(source)
     if isinstance(src, str | bytes) and not os.path.exists(src):
         raise AudioError(f"{_name(source)}: no such file")
+    if unreadable(src):
+        raise AudioError(f"{_name(source)}: {unreadable(src)}")
     try:
         info = sf.info(src)
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
@@ -157,6 +178,8 @@ def load_audio(source: Source) -> tuple[np.ndarray, AudioInfo]:
             raise AudioError(f"{name}: is a directory")
         if os.path.isfile(src) and os.path.getsize(src) == 0:  # a pipe has no size
             raise AudioError(f"{name}: empty file (0 bytes)")
+        if unreadable(src):
+            raise AudioError(f"{name}: {unreadable(src)}")
     try:
         with sf.SoundFile(src) as f:
             info = AudioInfo(f.samplerate, f.channels, f.frames, f.format, f.subtype)
@@ -267,8 +290,18 @@ def atomic_path(path: str | os.PathLike[str], replace: bool = True, durable: boo
     after both checked it was free): ``FileExistsError`` instead, and that file stays as it was. ``durable``:
     the data reaches the disk before the rename, and the rename before returning (``fsync``), so that a power cut
     leaves the old file or the new one, never an empty one (checkpoints, a run's state).
+
+    A file that is replaced keeps its permissions (a private 0600 recording stayed private only until
+    ``--overwrite``), and a symbolic link to a file is written through: the file it points to is replaced, the
+    link stays (as sox and ffmpeg write through it).
     """
     target = Path(path)
+    if replace and target.is_symlink() and target.exists():
+        target = Path(os.path.realpath(target))
+    try:
+        mode = stat.S_IMODE(target.stat().st_mode) if replace and target.is_file() else None
+    except OSError:
+        mode = None
     made = [d for d in (target.parent, *target.parent.parents) if not d.exists()]  # deepest first
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -278,8 +311,9 @@ def atomic_path(path: str | os.PathLike[str], replace: bool = True, durable: boo
     os.close(fd)
     try:
         yield tmp
-        # mkstemp makes 0600 (and some writers replace the file): give it the permissions open() would
-        os.chmod(tmp, 0o666 & ~_umask())
+        # mkstemp makes 0600 (and some writers replace the file): give it the permissions open() would, or the
+        # replaced file's own
+        os.chmod(tmp, 0o666 & ~_umask() if mode is None else mode)
         if durable:
             _fsync(tmp)
         if replace:
@@ -418,7 +452,11 @@ def output_format(path: str | os.PathLike[str]) -> tuple[str, str | None]:
     refused = refused_container(fmt)
     if refused:
         raise AudioError(f"{path}: {refused}")
-    if fmt not in sf.available_formats() or fmt == "RAW":
+    if fmt == "RAW":
+        raise AudioError(
+            f"{path}: a .raw file names no sample format: add --format RAW --subtype PCM_16 (or FLOAT)"
+        )
+    if fmt not in sf.available_formats():
         raise AudioError(
             f"{path}: cannot write '{suffix or '(no extension)'}' files; use .wav, .flac, .ogg, .opus, .mp3, .aiff "
             "(or --format)"

@@ -223,7 +223,11 @@ def expand_inputs(
                     f"-o {output} is the input folder {item}: the outputs would replace the inputs; "
                     "choose another folder (or leave out -o: outputs go beside the inputs as *.enhanced.*)"
                 )
-            files = sorted(f for f in root.rglob("*") if f.is_file() and f.suffix.lower() in AUDIO_SUFFIXES)
+            files = sorted(
+                f
+                for f in root.rglob("*")
+                if f.is_file() and f.suffix.lower() in AUDIO_SUFFIXES and not _hidden(f.relative_to(root))
+            )
             kept = [f for f in files if not _earlier_output(f, root, out_dir, output is None)]
             left_out += len(files) - len(kept)
             out.extend((str(f), str(f.relative_to(root))) for f in kept)
@@ -237,6 +241,12 @@ def expand_inputs(
         else:
             out.append((item, None))  # a missing file is reported when it is processed
     return out, left_out, collective
+
+
+def _hidden(relative: Path) -> bool:
+    """A file a folder scan leaves out, as a glob does: under a name starting with '.' (macOS's "._take.wav"
+    AppleDouble companions, which are not audio, a .git or .Trash folder)."""
+    return any(part.startswith(".") for part in relative.parts)
 
 
 def is_glob(item: str) -> bool:
@@ -554,8 +564,8 @@ def _file_id(path: str) -> tuple[int, int] | None:
 def inputs_overwritten(targets: list[tuple[str, str]], ids: dict[tuple[int, int] | None, str]) -> str | None:
     """Why the outputs would overwrite another input (None: they do not): ``a.wav a.enhanced.wav
     --overwrite`` replaced the second input with the first one's result, and ``- -o in.wav < in.wav`` its own
-    (stdin redirected from the output file). (An output that is its own input file is refused per file, by
-    enhance_file.) ``ids``: :func:`_input_ids` of ``targets``."""
+    (stdin redirected from the output file), and an output that is its own input (``a.wav -o a.wav``; also
+    refused per file by enhance_file, for callers of the API). ``ids``: :func:`_input_ids` of ``targets``."""
     names = {os.path.realpath(src): src for src, _ in targets if src != "-"}
     for src, dst in targets:
         if dst == "-":
@@ -564,6 +574,8 @@ def inputs_overwritten(targets: list[tuple[str, str]], ids: dict[tuple[int, int]
             other = ids.get(_file_id(dst))
             if other == "-":
                 return f"{dst}: stdin is read from this file, and the output would replace it"
+            if other is not None and _file_id(other) == _file_id(src):
+                return f"{dst}: refusing to overwrite the input file {src} (write the output elsewhere)"
             if other is not None and _file_id(other) != _file_id(src):
                 return f"{dst}: the output of {src} would overwrite another input ({other})"
         else:  # not there yet: written first, it would then be read as that input
@@ -660,6 +672,8 @@ def _run_all(
                     raise AudioError(f"{map_path}: cannot be written, {blocked} is not writable")
             result = run_one(ck, src, dst, args, progress, backend, map_path)
             say(f"{src} -> {dst} ({result.duration_s:.1f} s audio in {result.wall_seconds:.1f} s)")
+            for warning in result.warnings:  # also with --quiet, which quiets progress, not problems
+                print(f"enhance-cli: warning: {warning}", file=sys.stderr)
         except Exception as exc:  # one file's failure never stops the batch, and never shows a traceback
             if isinstance(exc, BrokenPipeError) and dst == "-":
                 msg = f"{src}: stdout was closed before all of the enhanced audio was written"
@@ -792,7 +806,8 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"--format {args.format}: {refused}")
     if args.format and args.format.upper() not in sf.available_formats():
         parser.error(
-            f"--format {args.format}: not a format this build can write ({', '.join(sf.available_formats())})"
+            f"--format {args.format}: not a format this build can write "
+            f"({', '.join(f for f in sf.available_formats() if not refused_container(f))})"
         )
     if args.threads is not None:
         if args.threads < 1:

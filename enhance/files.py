@@ -38,6 +38,7 @@ from enhance.audio_io import (
     read_blocks,
     read_info,
     sample_value_error,
+    unreadable,
 )
 from enhance.rate_bridge import RateBridge
 from enhance.streaming import StreamingEnhancer
@@ -57,6 +58,9 @@ class FileResult:
     frames: int = 0
     wall_seconds: float = 0.0
     competition: list[np.ndarray] | None = field(default=None, repr=False)  # per TIM layer [C, T, n_s]
+    warnings: list[str] = field(
+        default_factory=list
+    )  # enhanced, but the user should know (a truncated input)
 
     @property
     def duration_s(self) -> float:
@@ -73,6 +77,7 @@ class FileResult:
             "duration_s": round(self.duration_s, 3),
             "wall_seconds": round(self.wall_seconds, 3),
             "real_time_factor": round(self.wall_seconds / self.duration_s, 4) if self.duration_s else None,
+            "warnings": self.warnings,
         }
 
 
@@ -120,6 +125,8 @@ def enhance_stream(
     (:mod:`enhance.high_band`); False: the output holds the 16 kHz model's band only.
     """
     t0 = time.perf_counter()
+    if unreadable(fs_path(src)):
+        raise AudioError(f"{name}: {unreadable(fs_path(src))}")
     try:
         fin = sf.SoundFile(fs_path(src))
     except Exception as exc:
@@ -128,8 +135,10 @@ def enhance_stream(
         raise AudioError(f"{name}: not a readable audio file ({reason})") from None
     with fin:
         rate, channels, frames = fin.samplerate, fin.channels, fin.frames
-        if frames == 0:
-            raise AudioError(f"{name}: contains no samples (zero-length audio)")
+        if frames == 0:  # a WAV whose recorder was cut off before it wrote the header's sizes reads so too
+            raise AudioError(
+                f"{name}: contains no samples (zero-length audio, or a header never completed by its recorder)"
+            )
         # as load_audio says it (the engine's own check names no file)
         check_header(name, frames, channels, rate)
         fmt = out_format or fin.format
@@ -162,7 +171,9 @@ def enhance_stream(
 
         bridge = RateBridge(rate, channels, high_band=high_band)
         written = 0
+        decoded = 0
         peak = 0.0
+        warnings = []
         try:
             fout = sf.SoundFile(fs_path(dst), "w", rate, channels, subtype, format=fmt)
         except (sf.LibsndfileError, ValueError) as exc:
@@ -201,11 +212,22 @@ def enhance_stream(
                     if not block_peak <= MAX_FLOAT_SAMPLE:  # NaN, inf or not audio: say which
                         raise AudioError(f"{name}: {sample_value_error(block)}")
                     peak = max(peak, block_peak)
+                    decoded += len(block)
                     emit(run(bridge.to_model(block.T)))
                     if on_progress is not None:
                         on_progress(len(block))
             except sf.LibsndfileError as exc:
                 raise AudioError(f"{name}: corrupt audio data ({_first_line(exc)})") from None
+            if decoded < frames:  # what decodes is enhanced, as sox and ffmpeg do, and the user is told
+                if decoded == 0:
+                    raise AudioError(
+                        f"{name}: no audio decodes, though its header gives {frames} frames (corrupt?)"
+                    )
+                warnings.append(
+                    f"{name}: the audio ends after {decoded} of the {frames} frames its header gives (a truncated "
+                    f"file?); the output holds the {decoded} that decode"
+                )
+                frames = decoded
             if peak == 0.0:
                 raise AudioError(f"{name}: all samples are zero (digital silence), nothing to enhance")
             tail = bridge.to_model(np.zeros((channels, 0), np.float32), last=True)
@@ -213,6 +235,18 @@ def enhance_stream(
             emit(rest, last=True)
             if written < frames:  # resampler rounding: pad the last few samples
                 write(np.zeros((frames - written, channels), np.float32))
+        # compressed formats encode their last packets in close(), where soundfile ignores a failed write (a full
+        # disk left a cut FLAC/Ogg/MP3 behind with exit 0): the file must read back as long as what was written
+        if isinstance(dst, str | os.PathLike) and fmt != "RAW":
+            try:
+                complete = sf.info(fs_path(dst)).frames == frames
+            except Exception:
+                complete = False
+            if not complete:
+                raise AudioError(
+                    f"{name}: writing the output failed (it does not read back whole: a full disk, or a file "
+                    "size limit?)"
+                )
     return FileResult(
         name,
         None,
@@ -222,6 +256,7 @@ def enhance_stream(
         frames=frames,
         wall_seconds=time.perf_counter() - t0,
         competition=engine.competition() if with_competition else None,
+        warnings=warnings,
     )
 
 

@@ -143,12 +143,15 @@ def _problem(path: str, sample_rate: int, min_frames: int, silence_peak: float) 
     if info.frames < min_frames:
         return f"too short ({info.frames / sample_rate:.2f} s < {min_frames / sample_rate:.2f} s)"
     try:
-        peak = 0.0
+        peak, decoded = 0.0, 0
         with sf.SoundFile(fs_path(path)) as f:
             for block in read_blocks(f, 1 << 16):
                 if not np.isfinite(block).all():
                     return "contains NaN or infinite samples"
                 peak = max(peak, float(np.abs(block).max(initial=0.0)))
+                decoded += len(block)
+        if decoded < info.frames:
+            return f"truncated (decodes {decoded} of the {info.frames} frames its header gives)"
     except Exception as exc:
         return f"corrupt data ({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})"
     if peak < silence_peak:

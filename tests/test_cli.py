@@ -242,8 +242,10 @@ def test_never_overwrites_without_flag_and_never_the_input(tmp_path: Path, ckpt:
     assert cli(str(src), "-o", str(dst), "--checkpoint", ckpt, "--overwrite").returncode == 0
     assert sf.info(str(dst)).frames == 8000
     before = src.read_bytes()
-    proc = cli(str(src), "-o", str(src), "--checkpoint", ckpt, "--overwrite")
-    assert proc.returncode == 1 and b"refusing to overwrite the input" in proc.stderr
+    proc = cli(
+        str(src), "-o", str(src), "--checkpoint", ckpt, "--overwrite"
+    )  # a usage error, before any work
+    assert proc.returncode == 2 and b"refusing to overwrite the input" in proc.stderr
     assert src.read_bytes() == before
 
 
@@ -688,7 +690,7 @@ def test_output_container_and_sample_format(tmp_path: Path, ckpt: str) -> None:
     assert (sf.info(tmp_path / "i.opus").format, sf.info(tmp_path / "i.opus").subtype) == ("OGG", "OPUS")
     # outputs that could never be written are usage errors, before the model loads (they were exit 1 per file)
     for out, extra, says in (
-        ("g.raw", [], b"cannot write '.raw' files"),
+        ("g.raw", [], b"names no sample format: add --format RAW --subtype"),
         ("g.xyz", [], b"cannot write '.xyz' files"),
         ("g.flac", ["--subtype", "FLOAT"], b"--subtype FLOAT: FLAC files cannot hold it"),
         ("g", ["--format", "RAW"], b"RAW output has no header"),
@@ -1296,3 +1298,77 @@ def test_a_name_of_stdout_on_a_terminal_is_refused(tmp_path: Path, ckpt: str) ->
     assert proc.returncode == 2 and b"-o - would write binary audio to the terminal" in proc.stderr, (
         proc.stderr
     )
+
+
+@pytest.mark.skipif("MP3" not in sf.available_formats(), reason="this libsndfile writes no MP3")
+def test_a_truncated_input_gives_what_decodes_and_a_warning(tmp_path: Path, ckpt: str) -> None:
+    """A cut MP3's header still gives the whole length: the output was padded to it with the reader's stale
+    buffer (the first block again), with exit 0 and no word. Now it holds what decodes, and says so."""
+    src, cut = tmp_path / "long.mp3", tmp_path / "cut.mp3"
+    sf.write(src, noisy(6.0, 16000), 16000)
+    data = src.read_bytes()
+    cut.write_bytes(data[: len(data) // 3])
+    header, decoded = sf.info(str(cut)).frames, len(sf.read(str(cut))[0])
+    assert decoded < header  # what the test is about
+    dst = tmp_path / "out.wav"
+    proc = cli(str(cut), "-o", str(dst), "--checkpoint", ckpt, "-q", "--chunk-seconds", "0.5")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert f"ends after {decoded} of the {header} frames".encode() in proc.stderr
+    assert b"enhance-cli: warning:" in proc.stderr
+    out, _ = sf.read(str(dst))
+    assert len(out) == decoded
+
+
+def test_an_output_cut_short_by_a_size_limit_is_an_error_and_not_left(tmp_path: Path, ckpt: str) -> None:
+    """FLAC encodes its last frames and its header in close(), where soundfile ignores a failed write: a file
+    size limit met there left a cut file behind, with exit 0. Now the output must read back whole."""
+    resource = pytest.importorskip("resource")
+    src = tmp_path / "in.wav"
+    sf.write(src, noisy(4.0, 16000), 16000)
+    full = tmp_path / "full.flac"
+    assert cli(str(src), "-o", str(full), "--checkpoint", ckpt, "-q").returncode == 0
+    size = full.stat().st_size
+    for limit in (size - 1, size - 200, size // 2):  # met in close() or while writing: the same outcome
+
+        def cap(limit: int = limit) -> None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+        dst = tmp_path / f"cut{limit}.flac"
+        proc = subprocess.run(
+            [sys.executable, "-m", "enhance.cli", str(src), "-o", str(dst), "--checkpoint", ckpt, "-q"],
+            capture_output=True,
+            env=ENV,
+            timeout=300,
+            preexec_fn=cap,
+        )
+        assert proc.returncode == 1, proc.stderr.decode()
+        assert b"writing the output failed" in proc.stderr
+        assert not dst.exists()
+        assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_overwrite_keeps_the_permissions_and_writes_through_a_link(tmp_path: Path, ckpt: str) -> None:
+    src = tmp_path / "in.wav"
+    sf.write(src, noisy(0.5, 16000), 16000)
+    private = tmp_path / "private.wav"
+    private.write_bytes(b"old")
+    private.chmod(0o600)
+    assert cli(str(src), "-o", str(private), "--checkpoint", ckpt, "--overwrite").returncode == 0
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600 and sf.info(str(private)).frames == 8000
+    target, link = tmp_path / "target.wav", tmp_path / "link.wav"
+    target.write_bytes(b"old")
+    link.symlink_to(target.name)
+    assert cli(str(src), "-o", str(link), "--checkpoint", ckpt, "--overwrite").returncode == 0
+    assert link.is_symlink() and sf.info(str(target)).frames == 8000
+
+
+def test_a_folder_scan_leaves_out_hidden_files(tmp_path: Path, ckpt: str) -> None:
+    """macOS leaves "._take.wav" companions (not audio) beside each file on a shared drive: a folder run
+    failed on every one of them, exit 1."""
+    d = tmp_path / "in"
+    d.mkdir()
+    sf.write(d / "take.wav", noisy(0.5, 16000), 16000)
+    (d / "._take.wav").write_bytes(b"\x00\x05\x16\x07" + b"\x00" * 60)
+    proc = cli(str(d), "-o", str(tmp_path / "out"), "--checkpoint", ckpt, "--json")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert [Path(f["input"]).name for f in json.loads(proc.stdout)["files"]] == ["take.wav"]

@@ -1448,3 +1448,17 @@ def test_a_diverging_run_stops_with_an_error_and_no_nan_weights(
     state = torch.load(run / "state.pt", weights_only=False) if (run / "state.pt").exists() else None
     if state is not None:
         assert all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+@pytest.mark.skipif("MP3" not in sf.available_formats(), reason="this libsndfile writes no MP3")
+def test_a_truncated_corpus_file_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    """A cut MP3 keeps its header's length; the scan read the reader's stale buffer up to it and kept the file."""
+    from recipes.audio_pool import scan
+
+    rng = np.random.default_rng(0)
+    whole, cut = tmp_path / "whole.mp3", tmp_path / "cut.mp3"
+    sf.write(whole, (0.1 * rng.standard_normal(16000 * 4)).astype(np.float32), 16000)
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 3])
+    pool = scan([str(whole), str(cut)])
+    assert pool.paths == [str(whole)]
+    assert [s.reason.split(" (")[0] for s in pool.skipped] == ["truncated"], pool.skipped
