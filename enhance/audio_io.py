@@ -14,6 +14,7 @@ import os
 import stat
 import sys
 import tempfile
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +149,44 @@ def unreadable(path: Any) -> str | None:
     return None
 
 
+def _looks_like_mp3(head: bytes) -> bool:
+    """An ID3v2 tag, or an MPEG audio frame's sync word with a layer set."""
+    return head[:3] == b"ID3" or (
+        len(head) >= 2 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0 and head[1] & 6 != 0
+    )
+
+
+def open_audio(src: Any) -> sf.SoundFile:
+    """``sf.SoundFile(src)`` for reading, also for an MP3 held in memory. libsndfile recognises MP3 by its file
+    name's extension where its sniffing of the content fails (MPEG frames without a Xing header, an ID3 tag:
+    "bad data offset", "bad resource fork"), and memory has no name, so the server refused MP3 uploads that the
+    CLI read from disk. Such bytes are opened from a temporary ``.mp3`` file, removed once libsndfile holds it
+    open (at close where the OS cannot remove an open file)."""
+    try:
+        return sf.SoundFile(src)
+    except Exception:
+        if not isinstance(src, io.BytesIO) or not _looks_like_mp3(src.getvalue()[:4]):
+            raise
+    fd, tmp = tempfile.mkstemp(suffix=".mp3")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(src.getbuffer())
+        f = sf.SoundFile(tmp)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    try:
+        os.unlink(tmp)
+    except OSError:  # Windows: not while it is open
+        weakref.finalize(f, _remove_quietly, tmp)
+    return f
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
 def read_info(source: Source) -> AudioInfo:
     """Header of an audio file without reading the samples (raises :class:`AudioError`)."""
     src = _open_source(source)
@@ -156,11 +195,12 @@ def read_info(source: Source) -> AudioInfo:
     if unreadable(src):
         raise AudioError(f"{_name(source)}: {unreadable(src)}")
     try:
-        info = sf.info(src)
+        with open_audio(src) as f:
+            info = AudioInfo(f.samplerate, f.channels, f.frames, f.format, f.subtype)
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
         raise AudioError(f"{_name(source)}: not a readable audio file ({_short(exc)})") from None
     check_header(_name(source), info.frames)
-    return AudioInfo(info.samplerate, info.channels, info.frames, info.format, info.subtype)
+    return info
 
 
 def load_audio(source: Source) -> tuple[np.ndarray, AudioInfo]:
@@ -181,7 +221,7 @@ def load_audio(source: Source) -> tuple[np.ndarray, AudioInfo]:
         if unreadable(src):
             raise AudioError(f"{name}: {unreadable(src)}")
     try:
-        with sf.SoundFile(src) as f:
+        with open_audio(src) as f:
             info = AudioInfo(f.samplerate, f.channels, f.frames, f.format, f.subtype)
             check_header(name, info.frames, info.channels, info.sample_rate)
             data = read_frames(f)

@@ -34,6 +34,7 @@ from enhance.audio_io import (
     format_fallback,
     fs_path,
     nearest_existing,
+    open_audio,
     output_format,
     read_blocks,
     read_info,
@@ -128,7 +129,7 @@ def enhance_stream(
     if unreadable(fs_path(src)):
         raise AudioError(f"{name}: {unreadable(fs_path(src))}")
     try:
-        fin = sf.SoundFile(fs_path(src))
+        fin = open_audio(fs_path(src))
     except Exception as exc:
         # not "Error opening <_io.BytesIO object at 0x...>"
         reason = _first_line(exc).replace(repr(src), "it")

@@ -9,9 +9,8 @@ import unicodedata
 import urllib.parse
 
 import numpy as np
-import soundfile as sf
 
-from enhance.audio_io import read_blocks
+from enhance.audio_io import open_audio, read_blocks
 from server.errors import ApiError
 
 # output format (query value) -> (libsndfile format, media type, file extension)
@@ -103,7 +102,7 @@ def file_rms_dbfs(data: bytes, block_frames: int = 1 << 16) -> float | None:
     """RMS level of all samples (all channels) of an encoded file in dB relative to full scale (a full-scale sine
     is -3 dBFS), read block by block in bounded memory; None for silence."""
     total, count = 0.0, 0
-    with sf.SoundFile(io.BytesIO(data)) as f:
+    with open_audio(io.BytesIO(data)) as f:
         for block in read_blocks(f, block_frames):
             total += float(np.sum(np.square(block, dtype=np.float64)))
             count += block.size

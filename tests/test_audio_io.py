@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 import stat
 from pathlib import Path
 
@@ -176,3 +177,22 @@ def test_any_rate_comes_back_at_its_rate_and_length(tiny: Enhancer) -> None:
     out = enhance_audio(tiny, x, 44100, return_competition=True)
     assert out.wav.shape == x.shape
     assert out.competition is not None and out.competition[0].shape[-1] == 2
+
+
+@pytest.mark.skipif("MP3" not in sf.available_formats(), reason="this libsndfile has no MP3")
+def test_mp3_in_memory_reads_whatever_lies_in_the_working_folder(tmp_path: Path, monkeypatch) -> None:
+    """libsndfile sniffs MP3 in memory poorly and then looks for an SD2 resource fork named "._" + the file's
+    name; memory has no name, so a stray "._" file in the working folder made every MP3 upload to the server
+    fail ("bad data offset"). Such bytes now open from a temporary .mp3 file."""
+    rng = np.random.default_rng(0)
+    buf = io.BytesIO()
+    sf.write(buf, (0.1 * rng.standard_normal(8000)).astype(np.float32), 16000, format="MP3")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "._").write_bytes(b"")
+    with pytest.raises(sf.LibsndfileError):  # what the test is about
+        sf.info(io.BytesIO(buf.getvalue()))
+    info = read_info(buf.getvalue())
+    assert (info.format, info.frames, info.sample_rate) == ("MP3", 8000, 16000)
+    wav, _ = load_audio(buf.getvalue())
+    assert wav.shape == (1, 8000) and np.abs(wav).max() > 0.01
+    assert list(tmp_path.iterdir()) == [tmp_path / "._"]  # no temporary file left behind
