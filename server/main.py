@@ -114,8 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--limit-concurrency",
         type=int,
-        default=None,
-        help="uvicorn: connections at once before it answers 503 (bounds memory held by uploads)",
+        default=64,
+        help="uvicorn: connections (HTTP and WebSocket, idle ones too) at once before it answers 503; bounds the "
+        "memory that uploads being read can hold (each up to --max-upload-mb). Default 64 (unbounded before: 1,100 "
+        "idle sockets were all held)",
     )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return p

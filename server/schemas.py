@@ -145,9 +145,10 @@ class StreamStart(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    sample_rate: int = Field(16000, ge=MIN_RATE, le=MAX_STREAM_RATE)
+    # strict: "16000" and true were taken for numbers (true as 1 channel)
+    sample_rate: int = Field(16000, ge=MIN_RATE, le=MAX_STREAM_RATE, strict=True)
     # the server's --max-channels (default 8) is checked after this, as for a POST
-    channels: int = Field(1, ge=1, le=MAX_CHANNELS)
+    channels: int = Field(1, ge=1, le=MAX_CHANNELS, strict=True)
     format: Literal["s16le", "f32le"] = "s16le"
     model: str | None = Field(None, max_length=MODEL_NAME_MAX)
     api_key: str | None = Field(None, description="for browsers, which cannot set headers on WebSockets")

@@ -57,7 +57,11 @@ from server.schemas import StreamReady, StreamStart
 
 log = logging.getLogger("server")
 
-UNSUPPORTED_DATA, POLICY, TRY_LATER = 1003, 1008, 1013
+UNSUPPORTED_DATA, POLICY, TOO_BIG, TRY_LATER = 1003, 1008, 1009, 1013
+# the longest JSON text message read (the start message with an API key and a model name is a few hundred bytes):
+# json.loads of a 16 MiB one, sent before the key was checked, held the event loop for a second and left the
+# process gigabytes larger
+MAX_TEXT_CHARS = 4096
 START_TIMEOUT_S = 10.0  # for the first message (no stream slot is held while it waits)
 INBOX_MESSAGES = 64  # messages read ahead of the model
 INBOX_BYTES = 4 * 1024 * 1024  # and the bytes they may hold (one larger frame still passes): see server.inbox
@@ -196,6 +200,10 @@ def _parse_start(msg: Message) -> StreamStart:
             "expected_start",
             "the first message must be JSON text: {sample_rate, channels, format}",
             UNSUPPORTED_DATA,
+        )
+    if len(text) > MAX_TEXT_CHARS:
+        raise StreamError(
+            "bad_start", f"the first message is longer than {MAX_TEXT_CHARS} characters", TOO_BIG
         )
     try:
         data = json.loads(text)
@@ -432,11 +440,17 @@ async def _process(
             for i in range(0, n, max_batch):
                 await _enhance_piece(ws, session, work, x[:, i : i + max_batch], limit, idle_s)
             continue
+        text = msg.get("text") or ""
+        if len(text) > MAX_TEXT_CHARS:
+            raise StreamError(
+                "bad_message", f"text messages are at most {MAX_TEXT_CHARS} characters", TOO_BIG
+            )
         try:
-            message = json.loads(msg.get("text") or "")
+            message = json.loads(text)
         except (json.JSONDecodeError, RecursionError):
             raise StreamError("bad_message", "text messages must be JSON", UNSUPPORTED_DATA) from None
-        if not isinstance(message, dict) or message.get("type") != "end":
+        kind = message.get("type") if isinstance(message, dict) else None
+        if not isinstance(kind, str) or kind.lower() != "end":  # any case, as the start message's names
             raise StreamError(
                 "bad_message", 'unknown message; send binary PCM or {"type": "end"}', UNSUPPORTED_DATA
             )

@@ -11,6 +11,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from fastapi import Request
+from python_multipart.multipart import parse_options_header
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
@@ -99,9 +100,24 @@ async def _read_upload(request: Request, limit: int) -> Upload:
     return Upload(data, filename, part_type)
 
 
+def _closing_delimiter_missing(content_type: str, body: bytes) -> bool:
+    """Whether a multipart body ends without its closing ``--boundary--`` (cut off in transit, or by the client):
+    the parser takes what came as complete parts, and a file part cut mid-way read as "no file field"."""
+    _, options = parse_options_header(content_type)
+    boundary = options.get(b"boundary")
+    if not boundary:
+        return False  # the parser says what is wrong then
+    return b"--" + boundary + b"--" not in body[-(len(boundary) + 4096) :]
+
+
 async def _parse_multipart(request: Request, body: bytes) -> tuple[bytes, str | None, str]:
     async def stream() -> AsyncGenerator[bytes, None]:
         yield body
+
+    if _closing_delimiter_missing(request.headers.get("content-type", ""), body):
+        raise ApiError(
+            400, "bad_multipart", "malformed multipart body: it ends without its closing boundary (cut off?)"
+        )
 
     parser = MultiPartParser(request.headers, stream(), max_files=1, max_fields=16, max_part_size=64 * 1024)
     try:

@@ -377,6 +377,18 @@ def test_audio_sent_as_a_text_field_says_how_to_send_a_file(client: httpx.Client
     assert "file=@x.wav" in err["message"]
 
 
+def test_a_multipart_body_cut_short_says_so(client: httpx.Client) -> None:
+    """A file part cut mid-way (no closing boundary) read as "no file field 'file'", a 422 that sent the
+    client looking for a naming mistake."""
+    files = {"file": ("x.wav", wav_bytes(noisy(0.5, 16000), 16000), WAV)}
+    request = client.build_request("POST", "/v1/enhance", files=files)
+    body = request.read()
+    headers = {"Content-Type": request.headers["content-type"]}
+    err = _error(client.post("/v1/enhance", content=body[:5000], headers=headers), 400, "bad_multipart")
+    assert "closing boundary" in err["message"], err
+    assert client.post("/v1/enhance", content=body, headers=headers).status_code == 200  # whole: enhanced
+
+
 def test_ogg_output_above_200_khz_is_refused_and_the_server_lives(client: httpx.Client) -> None:
     """libsndfile's Vorbis encoder crashed the whole server (SIGSEGV) on audio above 200 kHz."""
     body = {"content": wav_bytes(noisy(0.05, 256000), 256000), "headers": {"Content-Type": WAV}}
@@ -648,12 +660,37 @@ STREAM_ERRORS = [
     ("huge", [json.dumps({"format": "f32le"}), np.array([0.1, 3e38], "<f4").tobytes()], 1003, "bad_samples"),
     ("unknown message", [json.dumps({}), json.dumps({"type": "pause"})], 1003, "bad_message"),
     # nested beyond Python's recursion limit: json.loads raised RecursionError, a 1011 internal error
-    ("deep JSON start", ["[" * 100_000], 1008, "bad_start"),
-    ("deep JSON message", [json.dumps({}), "[" * 100_000], 1003, "bad_message"),
+    ("deep JSON start", ["[" * 4000], 1008, "bad_start"),
+    ("deep JSON message", [json.dumps({}), "[" * 4000], 1003, "bad_message"),
+    # refused before parsing: json.loads of a 16 MiB start, sent before the API key is checked, held the event
+    # loop for a second and grew the process by gigabytes
+    ("long start", ['{"x": [' + "1, " * 2000 + "1]}"], 1009, "bad_start"),
+    ("long message", [json.dumps({}), " " * 5000], 1009, "bad_message"),
+    # pydantic's lax mode took these for numbers
+    ("channels true", [json.dumps({"channels": True})], 1008, "bad_start"),
+    ("rate as text", [json.dumps({"sample_rate": "16000"})], 1008, "bad_start"),
     # echoed back whole in the error (a 1 MB name gave a 1 MB frame); the POST's ?model= stops at 100 too
     ("long model name", [json.dumps({"model": "x" * 101})], 1008, "bad_start"),
     ("over --max-channels", [json.dumps({"channels": 12})], 1008, "too_many_channels"),
 ]
+
+
+def test_stream_end_in_any_case(server: RunningServer) -> None:
+    """The start message's names are taken in any case; "END" closed the stream as an unknown message."""
+    with connect(f"{server.ws_url}/v1/stream", open_timeout=30) as ws:
+        ws.send(json.dumps({"format": "S16LE"}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+        ws.send(np.zeros(1600, "<i2").tobytes())
+        ws.send(json.dumps({"type": "END"}))
+        received = 0
+        while True:
+            msg = ws.recv(timeout=30)
+            if isinstance(msg, bytes):
+                received += len(msg) // 2
+                continue
+            assert json.loads(msg) == {"type": "done", "samples": 1600}
+            break
+        assert received == 1600
 
 
 @pytest.mark.parametrize(
