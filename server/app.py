@@ -10,24 +10,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import anyio.to_thread
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
-from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import Headers
-from starlette.responses import Response
+from starlette.responses import MalformedRangeHeader, RangeNotSatisfiable, Response
 from starlette.routing import Match
+from starlette.staticfiles import NotModifiedResponse, PathLike, StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from models import CheckpointError
 from server.config import ServerConfig
-from server.errors import error_body, install_handlers
+from server.errors import ApiError, error_body, install_handlers
 from server.jobs import JobRunner
 from server.metrics import Metrics
 from server.registry import Loader, ModelStore, load_models, public_load_error
@@ -78,10 +78,43 @@ def _template(scope: Scope) -> str:
 REVALIDATE = {"Cache-Control": "no-cache"}
 
 
+class StaticFile(FileResponse):
+    """A file of the web page whose bad Range header is answered as every other bad input, in JSON: Starlette
+    answers it from inside the response (a plain-text 400, an empty text/plain 416), where no exception handler
+    sees it; raised from the range parser instead, the error reaches the handlers of :mod:`server.errors`."""
+
+    @classmethod
+    def _parse_range_header(cls, http_range: str, file_size: int) -> list[tuple[int, int]]:
+        try:
+            return super()._parse_range_header(http_range, file_size)
+        except (
+            MalformedRangeHeader
+        ):  # not Starlette's reason, which for bytes=abc is "range must be requested"
+            raise ApiError(
+                400,
+                "invalid_range",
+                f"malformed Range header {http_range[:100]!r}: expected bytes=FIRST-LAST (FIRST <= LAST), "
+                "bytes=FIRST- or bytes=-LENGTH, comma-separated",
+            ) from None
+        except RangeNotSatisfiable as exc:
+            raise ApiError(
+                416,
+                "range_not_satisfiable",
+                f"Range {http_range[:100]!r} starts beyond the end of the {exc.max_size}-byte file",
+                headers={"Content-Range": f"bytes */{exc.max_size}"},
+            ) from None
+
+
 class RevalidatedFiles(StaticFiles):
-    def file_response(self, *args: Any, **kwargs: Any) -> Response:
-        response = super().file_response(*args, **kwargs)
-        response.headers.update(REVALIDATE)
+    """The page's files: revalidated on every load (:data:`REVALIDATE`; 304 when unchanged), a bad Range
+    answered in JSON (:class:`StaticFile`)."""
+
+    def file_response(
+        self, full_path: PathLike, stat_result: os.stat_result, scope: Scope, status_code: int = 200
+    ) -> Response:
+        response = StaticFile(full_path, status_code=status_code, stat_result=stat_result, headers=REVALIDATE)
+        if self.is_not_modified(response.headers, Headers(scope=scope)):
+            return NotModifiedResponse(response.headers)
         return response
 
 
@@ -192,21 +225,25 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
     app.add_api_websocket_route("/v1/stream", stream_endpoint, name="stream")
 
     if (STATIC_DIR / "index.html").is_file():
+        static = RevalidatedFiles(directory=STATIC_DIR)
 
-        @app.get("/", include_in_schema=False)  # HEAD too, as every GET (answer_head below)
-        async def index() -> FileResponse:
-            return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers=REVALIDATE)
+        # HEAD too, as every GET (answer_head below); served as the files under /static are, so that the
+        # revalidation REVALIDATE asks for is answered 304 when the page is unchanged (it was always a 200)
+        @app.get("/", include_in_schema=False, response_class=Response)
+        async def index(request: Request) -> Response:
+            page = STATIC_DIR / "index.html"
+            return static.file_response(page, await anyio.to_thread.run_sync(os.stat, page), request.scope)
 
         @app.get("/favicon.ico", include_in_schema=False)  # for clients that ask here, not the page's link
         async def favicon() -> FileResponse:
-            return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
+            return StaticFile(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
 
         # the page itself lives at /: its links are relative, so served from /static/ it loaded nothing
         @app.get("/static/index.html", include_in_schema=False)
         async def index_elsewhere() -> RedirectResponse:
             return RedirectResponse("/", status_code=308)
 
-        app.mount("/static", RevalidatedFiles(directory=STATIC_DIR), name="static")
+        app.mount("/static", static, name="static")
     else:  # an install without the package data: the API still works
         log.warning("web page not installed (%s missing); serving the API only", STATIC_DIR)
     answer_head(app.router)

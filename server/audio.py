@@ -7,6 +7,7 @@ import math
 import re
 import unicodedata
 import urllib.parse
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -32,16 +33,16 @@ _ACCEPT_ALIASES = {
     "*/*": "wav",
 }
 
+# /v1/analyze's formats (query value) -> media type, in the order preferred on a tie
+ANALYZE_FORMATS = {"json": "application/json", "png": "image/png"}
+
 # raw PCM sample formats of WebSocket streams: bytes per sample
 PCM_FORMATS = {"s16le": 2, "f32le": 4}
 
 
-def negotiate_audio_format(query_format: str | None, accept: str | None) -> str:
-    """``?format=`` wins; otherwise the best ``Accept`` entry we can produce; WAV when neither says. 406 else."""
-    if query_format:
-        return query_format
-    if not accept or not accept.strip():
-        return "wav"
+def accept_entries(accept: str) -> list[tuple[str, float]]:
+    """``(media range, q)`` of each entry of an Accept header, in its order; a q that is not a finite number is 0
+    (the entry refuses rather than wins)."""
     entries: list[tuple[str, float]] = []
     for part in accept.split(","):
         media, *params = (p.strip() for p in part.split(";"))
@@ -54,6 +55,23 @@ def negotiate_audio_format(query_format: str | None, accept: str | None) -> str:
                 except ValueError:
                     q = 0.0
         entries.append((media.lower(), q if math.isfinite(q) else 0.0))
+    return entries
+
+
+def not_acceptable(accept: str, offered: Iterable[str]) -> ApiError:
+    """The 406 of a route that can produce none of what ``accept`` allows: one body for every route."""
+    return ApiError(
+        406, "not_acceptable", f"cannot produce any of Accept: {accept[:100]}; offered: {', '.join(offered)}"
+    )
+
+
+def negotiate_audio_format(query_format: str | None, accept: str | None) -> str:
+    """``?format=`` wins; otherwise the best ``Accept`` entry we can produce; WAV when neither says. 406 else."""
+    if query_format:
+        return query_format
+    if not accept or not accept.strip():
+        return "wav"
+    entries = accept_entries(accept)
     # q=0 refuses a format, also where a wildcard would otherwise stand for it ("audio/wav;q=0, */*")
     refused = {_ACCEPT_ALIASES[m] for m, q in entries if q <= 0 and m in _ACCEPT_ALIASES and "*" not in m}
     choices: list[tuple[float, int, str]] = []
@@ -67,12 +85,39 @@ def negotiate_audio_format(query_format: str | None, accept: str | None) -> str:
         if fmt is not None and fmt not in refused:
             choices.append((-q, i, fmt))
     if not choices:
-        raise ApiError(
-            406,
-            "not_acceptable",
-            f"cannot produce any of Accept: {accept[:100]}; offered: audio/wav, audio/flac, audio/ogg",
-        )
+        raise not_acceptable(accept, (OUTPUT_FORMATS[f][1] for f in OUTPUT_FORMATS))
     return min(choices)[2]
+
+
+def _quality(media: str, entries: list[tuple[str, float]]) -> tuple[float, bool]:
+    """The q that ``entries`` give the media type ``media``, from the most specific range that names it (RFC 9110
+    12.5.1: "image/png;q=0, */*" refuses PNG), and whether that range named it exactly."""
+    kind = media.split("/")[0]
+    for candidate in (media, f"{kind}/*", "*/*"):
+        qs = [q for m, q in entries if m == candidate]
+        if qs:
+            return max(qs), candidate == media
+    return 0.0, False
+
+
+def negotiate_analyze_format(query_format: str | None, accept: str | None) -> str:
+    """/v1/analyze's format, json or png: ``?format=`` wins, as on /v1/enhance; otherwise the type the Accept
+    header ranks highest, one it names exactly before one a wildcard covers, JSON on a tie and without a header.
+    406 when it allows neither (Accept: text/html was answered JSON, while /v1/enhance refused what it could not
+    produce)."""
+    if query_format:
+        return query_format
+    if not accept or not accept.strip():
+        return "json"
+    entries = accept_entries(accept)
+    ranked = []
+    for order, (fmt, media) in enumerate(ANALYZE_FORMATS.items()):
+        q, exact = _quality(media, entries)
+        if q > 0:
+            ranked.append((-q, not exact, order, fmt))
+    if not ranked:
+        raise not_acceptable(accept, ANALYZE_FORMATS.values())
+    return min(ranked)[3]
 
 
 def decode_pcm(data: bytes, channels: int, fmt: str) -> np.ndarray:

@@ -7,11 +7,18 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 
 from enhance.audio_io import AudioInfo
-from server.audio import OUTPUT_FORMATS, download_disposition, negotiate_audio_format, safe_stem
+from server.audio import (
+    OUTPUT_FORMATS,
+    download_disposition,
+    negotiate_analyze_format,
+    negotiate_audio_format,
+    safe_stem,
+)
 from server.auth import require_api_key
 from server.errors import ApiError
 from server.jobs import Job
@@ -71,7 +78,8 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         422: "audio that cannot be enhanced: `unsupported_format` (not a container/codec the server reads: "
         "convert it, e.g. to WAV), `invalid_audio` (corrupt, zero-length, all-zero, NaN/inf samples), "
         "`unsupported_output` (the output format cannot hold the input's rate: Ogg Vorbis above 200 kHz, FLAC above 655,350 Hz), "
-        "or bad parameters",
+        "`unknown_parameter` (a query parameter the route does not take: a misspelt name was ignored), "
+        "`repeated_parameter` (one given twice), or bad parameter values (`invalid_request`)",
         503: "model loading, or all enhancement slots busy and the wait queue full or too slow (see Retry-After)",
         504: "processing took longer than the request timeout",
     }
@@ -87,6 +95,45 @@ def _model_query() -> Any:
     )
 
 
+def _query_names(dependant: Dependant) -> list[str]:
+    """The query parameters a route takes: its own and its dependencies', in declaration order."""
+    names = [field.alias for field in dependant.query_params]
+    for sub in dependant.dependencies:
+        names += [n for n in _query_names(sub) if n not in names]
+    return names
+
+
+def _quoted(names: list[str]) -> str:
+    """Client-chosen names for a message: each cut to 40 characters, at most 5 of them (the message stays short)."""
+    shown = ", ".join(repr(n[:40]) for n in names[:5])
+    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+async def known_query(request: Request) -> None:
+    """Refuses a query parameter the route does not take, or one given twice: FastAPI ignores both, so
+    ``?fromat=flac`` was a 200 WAV and ``?format=flac&format=wav`` silently took the last. A dependency of each
+    route with query parameters; the accepted names come from the route itself, so they cannot drift."""
+    route = request.scope.get("route")
+    accepted = _query_names(route.dependant) if isinstance(route, APIRoute) else []
+    given = [name for name, _ in request.query_params.multi_items()]
+    unknown = [n for n in dict.fromkeys(given) if n not in accepted]
+    if unknown:
+        raise ApiError(
+            422,
+            "unknown_parameter",
+            f"unknown query parameter{'s' if len(unknown) > 1 else ''} {_quoted(unknown)}; "
+            f"{request.url.path} takes: {', '.join(accepted) or 'none'}",
+        )
+    repeated = [n for n in dict.fromkeys(given) if given.count(n) > 1]
+    if repeated:
+        raise ApiError(
+            422,
+            "repeated_parameter",
+            f"query parameter {_quoted(repeated)} given more than once: give it once",
+        )
+
+
+KNOWN_QUERY = [Depends(known_query)]
 router = APIRouter()
 v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 
@@ -162,6 +209,7 @@ class Timed:
         **_errors(406),
     },
     openapi_extra=AUDIO_REQUEST_BODY,
+    dependencies=KNOWN_QUERY,
 )
 async def enhance(
     request: Request,
@@ -212,7 +260,7 @@ async def enhance(
     description=(
         "Enhances the file and returns, per TIM block, the competition scores of each frame (of channel 0), "
         "their mean entropy, and the input/output RMS levels. `?format=png` (or Accept: image/png) returns the "
-        "maps drawn under the input's spectrogram instead."
+        "maps drawn under the input's spectrogram instead; 406 for an Accept header that allows neither."
     ),
     response_model=AnalyzeResponse,
     responses={
@@ -224,14 +272,16 @@ async def enhance(
         **_errors(406),
     },
     openapi_extra=AUDIO_REQUEST_BODY,
+    dependencies=KNOWN_QUERY,
 )
 async def analyze(
     request: Request,
-    format: Annotated[AnalyzeFormat | None, Query(description="json (default) or png")] = None,
+    format: Annotated[
+        AnalyzeFormat | None, Query(description="json (default) or png; overrides the Accept header")
+    ] = None,
     model: Annotated[str | None, _model_query()] = None,
 ) -> Response:
-    accept = request.headers.get("accept", "")
-    png = format == AnalyzeFormat.png or (format is None and "image/png" in accept and "json" not in accept)
+    png = negotiate_analyze_format(format.value if format else None, request.headers.get("accept")) == "png"
     lm, upload, name, limits, info = await _receive(request, model)
     state = request.app.state
     timed = Timed()
