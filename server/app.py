@@ -58,6 +58,7 @@ EXPOSED_HEADERS = [
     "X-Model",
     "X-Sample-Rate",
     "X-Channels",
+    "X-Enhance-Warning",
     "Content-Disposition",
     "Retry-After",
 ]

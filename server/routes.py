@@ -203,6 +203,11 @@ class Timed:
                 "X-Model": {"description": "model used", "schema": {"type": "string"}},
                 "X-Sample-Rate": {"description": "sample rate (Hz)", "schema": {"type": "integer"}},
                 "X-Channels": {"description": "channel count", "schema": {"type": "integer"}},
+                "X-Enhance-Warning": {
+                    "description": "only when the audio was enhanced with a caveat: a file whose audio ends before "
+                    "the length its header gives (a cut upload) is enhanced as far as it decodes, and this says so",
+                    "schema": {"type": "string"},
+                },
             },
         },
         **AUDIO_ERRORS,
@@ -240,18 +245,17 @@ async def enhance(
     )
     state.metrics.audio_seconds.inc(result.duration_s, route="/v1/enhance")
     ext = OUTPUT_FORMATS[fmt][2]
-    return Response(
-        encoded,
-        media_type=OUTPUT_FORMATS[fmt][1],
-        headers={
-            "X-Audio-Duration": f"{result.duration_s:.4f}",
-            "X-Processing-Seconds": f"{timed.seconds:.4f}",
-            "X-Model": lm.name,
-            "X-Sample-Rate": str(result.sample_rate),
-            "X-Channels": str(result.channels),
-            "Content-Disposition": download_disposition(upload.filename, name, f".enhanced.{ext}"),
-        },
-    )
+    headers = {
+        "X-Audio-Duration": f"{result.duration_s:.4f}",
+        "X-Processing-Seconds": f"{timed.seconds:.4f}",
+        "X-Model": lm.name,
+        "X-Sample-Rate": str(result.sample_rate),
+        "X-Channels": str(result.channels),
+        "Content-Disposition": download_disposition(upload.filename, name, f".enhanced.{ext}"),
+    }
+    if result.warnings:  # the CLI prints them; a client gets them here (a header holds latin-1 only)
+        headers["X-Enhance-Warning"] = "; ".join(result.warnings)[:1000].encode("ascii", "replace").decode()
+    return Response(encoded, media_type=OUTPUT_FORMATS[fmt][1], headers=headers)
 
 
 @v1.post(
