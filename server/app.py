@@ -242,7 +242,8 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
         # the page itself lives at /: its links are relative, so served from /static/ it loaded nothing
         @app.get("/static/index.html", include_in_schema=False)
         async def index_elsewhere() -> RedirectResponse:
-            return RedirectResponse("/", status_code=308)
+            # relative: behind a proxy that serves the app under /prefix/, "/" was the proxy's root
+            return RedirectResponse("../", status_code=308)
 
         app.mount("/static", static, name="static")
     else:  # an install without the package data: the API still works

@@ -151,7 +151,8 @@ def test_page_and_static_files(client: httpx.Client) -> None:
     assert client.get("/static/app.js", headers={"If-None-Match": etag}).status_code == 304
     # the page at /static/index.html loaded none of its relative links (static/static/app.js): sent to / instead
     moved = client.get("/static/index.html", follow_redirects=False)
-    assert moved.status_code == 308 and moved.headers["location"] == "/"
+    assert moved.status_code == 308 and moved.headers["location"] == "../"  # relative: also under a prefix
+    assert client.get("/static/index.html", follow_redirects=True).url.path == "/"
 
 
 def test_openapi_documents_the_api(client: httpx.Client) -> None:

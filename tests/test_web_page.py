@@ -74,10 +74,17 @@ class Browser:
     def posts_to(self, route: str) -> int:
         return sum(route in url for url in self.posts)
 
+    def pick(self, path: Path) -> None:
+        """Click the file input and pick ``path`` in the chooser it opens, as a user does (the click clears
+        the input, so that the same file picked again runs again)."""
+        with self.page.expect_file_chooser() as chooser:
+            self.page.click("#file-input")
+        chooser.value.set_files(str(path))
+
     def upload(self, path: Path, end: str = ENDED) -> str:
         """Pick ``path`` in the file input and wait for the run to end; the state it ended in."""
         self.page.evaluate("document.body.dataset.state = 'idle'")  # not the previous run's end
-        self.page.set_input_files("#file-input", str(path))
+        self.pick(path)
         self.page.wait_for_function(end, timeout=60000, polling=100)
         return str(self.page.evaluate("document.body.dataset.state"))
 
@@ -87,15 +94,21 @@ class Browser:
 
 @contextmanager
 def browser_on(
-    srv: Any, width: int = 1280, scale: float = 1.0, microphone: bool = False
+    srv: Any,
+    width: int = 1280,
+    scale: float = 1.0,
+    microphone: bool = False,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[Browser]:
     """A page in headless Chromium; ``microphone``: Chromium's fake one (a tone), allowed without asking."""
     sync_api = pytest.importorskip(
         "playwright.sync_api", reason="Playwright is not installed (pip install playwright)"
     )
     assert CHROMIUM is not None
-    args = CHROMIUM_ARGS + (
-        ["--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"] if microphone else []
+    args = (
+        CHROMIUM_ARGS
+        + (["--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"] if microphone else [])
+        + list(extra_args)
     )
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=args, headless=True)
@@ -206,7 +219,7 @@ def test_a_newer_upload_wins(tmp_path: Path) -> None:
         page.route("**/v1/enhance*", hold_the_first)
         page.goto(srv.url + "/")
         page.wait_for_function(MODELS_LISTED, timeout=20000)
-        page.set_input_files("#file-input", str(first))
+        b.pick(first)
         page.wait_for_function("document.body.dataset.state === 'working'", timeout=10000)
         wait_until_held(page, held)
         assert b.upload(second) == "done", b.status()
@@ -234,6 +247,7 @@ def test_a_fixed_api_key_clears_the_error(tmp_path: Path) -> None:
         page.wait_for_function("document.body.dataset.state === 'error'", timeout=20000)
         assert "401" in b.status(), b.status()
         assert b.upload(audio) == "error" and "401" in b.status()
+        assert "API key field" in b.status(), b.status()  # where the key goes on this page, not the headers
         page.fill("#api-key", "s3cret")
         page.dispatch_event("#api-key", "change")
         page.wait_for_function(MODELS_LISTED, timeout=20000)
@@ -302,7 +316,7 @@ def test_both_requests_of_a_run_use_the_model_chosen_when_it_started(tmp_path: P
         page.goto(srv.url + "/")
         page.wait_for_function(MODELS_LISTED, timeout=20000)
         assert page.locator("#model-select").input_value() == "tiny"
-        page.set_input_files("#file-input", str(audio))
+        b.pick(audio)
         page.wait_for_function("document.body.dataset.state === 'working'", timeout=10000)
         wait_until_held(page, held)
         page.select_option("#model-select", "other")  # changed while the enhancement runs
@@ -358,7 +372,7 @@ def test_the_busy_message_gives_way_to_the_runs_own_status_after_the_retry(tmp_p
                     break
                 page.wait_for_timeout(50)
             assert srv.app.state.jobs.running == 1
-            page.set_input_files("#file-input", str(audio))
+            b.pick(audio)
             page.wait_for_function(
                 "window.statuses.some((s) => s.startsWith('Server busy'))", timeout=20000, polling=50
             )
@@ -431,3 +445,45 @@ def test_competition_maps_are_drawn_at_the_screens_width(tmp_path: Path) -> None
         css_height = page.evaluate("document.getElementById('competition-canvas').clientHeight")
         assert css_height == pytest.approx((2 * 18 + 10 + 10 + 18), abs=2)
         assert page.evaluate(NON_BLANK, "competition-canvas") > 0.2
+
+
+def test_recording_outside_a_secure_context_says_why_it_cannot(tmp_path: Path) -> None:
+    """Over plain HTTP at a LAN name the browser gives no microphone API: Record failed with "Cannot read
+    properties of undefined (reading 'getUserMedia')" and stayed enabled. Now it is disabled, with the reason."""
+    ck = tiny_checkpoint(tmp_path / "tiny.safetensors")
+    with run_server(ServerConfig(checkpoints=(str(ck),), threads=1)) as srv:
+        port = srv.url.rsplit(":", 1)[1]
+        rules = ("--host-resolver-rules=MAP enhance.test 127.0.0.1",)
+        with browser_on(srv, microphone=True, extra_args=rules) as b:
+            b.page.goto(f"http://enhance.test:{port}/")
+            b.page.wait_for_function(MODELS_LISTED, timeout=20000)
+            assert b.page.evaluate("window.isSecureContext") is False  # what the test is about
+            assert b.page.evaluate("document.getElementById('record-btn').disabled")
+            assert b.page.locator("#record-note").is_visible()
+            assert "HTTPS or localhost" in b.page.locator("#record-note").inner_text()
+            assert not b.errors, b.errors
+        with browser_on(srv, microphone=True) as b:  # at 127.0.0.1, a secure context: no note
+            b.page.goto(srv.url + "/")
+            b.page.wait_for_function(MODELS_LISTED, timeout=20000)
+            assert not b.page.evaluate("document.getElementById('record-btn').disabled")
+            assert not b.page.locator("#record-note").is_visible()
+
+
+def test_an_unreachable_server_is_said_plainly_and_the_input_keeps_its_file(tmp_path: Path) -> None:
+    """fetch's own words were shown ("Error: Failed to fetch"), and the file input, cleared as soon as a file
+    was picked, said "No file chosen" beside the file being enhanced."""
+    ck = tiny_checkpoint(tmp_path / "tiny.safetensors")
+    audio = tmp_path / "a.wav"
+    audio.write_bytes(wav_bytes(noisy(1.0, 16000, 1), 16000))
+    with run_server(ServerConfig(checkpoints=(str(ck),), threads=1)) as srv, browser_on(srv) as b:
+        page = b.page
+        page.goto(srv.url + "/")
+        page.wait_for_function(MODELS_LISTED, timeout=20000)
+        assert b.upload(audio) == "done", b.status()
+        assert page.evaluate("document.getElementById('file-input').files[0].name") == "a.wav"
+        assert page.locator("#download-link").get_attribute("aria-label") == "download a.enhanced.wav"
+        page.route("**/v1/enhance*", lambda route: route.abort())  # no answer, as from a stopped server
+        assert b.upload(audio) == "error"
+        assert "server cannot be reached" in b.status(), b.status()
+        assert "Failed to fetch" not in b.status()
+        assert not b.errors, b.errors

@@ -31,11 +31,21 @@ function keepUrl(blob) {
 }
 
 async function errorText(resp) {
+  // the server's words name HTTP headers; on this page the key goes in its field
+  const hint = resp.status === 401 ? " (enter the key in the API key field above)" : "";
   try {
     const body = await resp.json();
-    if (body && body.error) return `${resp.status} ${body.error.code}: ${body.error.message}`;
+    if (body && body.error) return `${resp.status} ${body.error.code}: ${body.error.message}${hint}`;
   } catch (_) { /* not JSON */ }
-  return `${resp.status} ${resp.statusText}`;
+  return `${resp.status} ${resp.statusText}${hint}`;
+}
+
+// what an exception means to the user: fetch rejects with a TypeError ("Failed to fetch") when no answer came
+function errorMessage(err) {
+  if (err instanceof TypeError && /fetch|network/i.test(err.message)) {
+    return "the server cannot be reached (is it running, and is this its address?)";
+  }
+  return err.message;
 }
 
 async function errorCode(resp) {
@@ -287,13 +297,14 @@ async function run(blob, name) {
       const size = `${(blob.size / 2 ** 20).toFixed(1)} MiB`;
       throw new Error(converted ? `${why} (the server could not read the file, so this browser converted it to a ${size} WAV)` : why);
     }
-    const seconds = resp.headers.get("X-Processing-Seconds");
+    const seconds = Number(resp.headers.get("X-Processing-Seconds")).toFixed(2);
     const enhanced = await resp.blob();
     check();
     const url = keepUrl(enhanced);
     $("enhanced-audio").src = url;
     const link = $("download-link");
     link.href = url; link.download = name.replace(/\.[^.]*$/, "") + ".enhanced.wav"; link.hidden = false;
+    link.setAttribute("aria-label", `download ${link.download}`);  // not just "download"
     setState("working", `Enhanced in ${seconds} s; analysing…`);
     // caught here, at once: a rejection left waiting for the analysis was reported as uncaught
     const spectra = drawSpectrograms(blob, enhanced, isCurrent).catch((e) => {
@@ -313,7 +324,7 @@ async function run(blob, name) {
     setState("done", `Done: ${name} (${analysis.duration_s.toFixed(2)} s) enhanced in ${seconds} s.${how}${note}${stillRecording()}`);
   } catch (err) {
     if (!isCurrent()) return;  // a newer run owns the page
-    setState("error", `Error: ${err.message}${stillRecording()}`);
+    setState("error", `Error: ${errorMessage(err)}${stillRecording()}`);
   }
 }
 
@@ -345,7 +356,7 @@ async function loadModels() {
     // the key works now: an error on screen (this list's 401, or an upload's) is no longer the state of things
     if (document.body.dataset.state === "error" || $("status").textContent === LOADING_TEXT) setState("idle", READY_TEXT);
   } catch (err) {
-    setState("error", `Models: ${err.message}`);
+    setState("error", `Models: ${errorMessage(err)}`);
   }
 }
 
@@ -383,12 +394,22 @@ async function startRecording() {
   }
 }
 
+// cleared as the chooser opens, so that picking the same file again is a change too (and runs again); cleared
+// in the change handler, the input said "No file chosen" beside the file it was enhancing
+$("file-input").addEventListener("click", (e) => { e.target.value = ""; });
 $("file-input").addEventListener("change", (e) => {
   const file = e.target.files[0];
-  e.target.value = "";  // so that picking the same file again is a change too (and runs again)
   if (file) run(file, file.name);
 });
+// browsers give pages the microphone only in a secure context (HTTPS, or localhost): elsewhere (a LAN address
+// over plain HTTP) navigator.mediaDevices is missing, and Record failed with "reading 'getUserMedia'"
+const canRecord = Boolean(navigator.mediaDevices && navigator.mediaDevices.getUserMedia);
+if (!canRecord) {
+  $("record-btn").disabled = true;
+  $("record-note").hidden = false;
+}
 $("record-btn").addEventListener("click", startRecording);
 $("stop-btn").addEventListener("click", () => recorder && recorder.state !== "inactive" && recorder.stop());
 $("api-key").addEventListener("change", loadModels);
+setState("idle", READY_TEXT);  // the page's own text says "Loading…" until this script runs
 loadModels();
