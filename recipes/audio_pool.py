@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from enhance.audio_io import AUDIO_SUFFIXES, fs_path, read_blocks
+from enhance.audio_io import AUDIO_SUFFIXES, fs_path, read_blocks, unreadable
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,9 @@ class AudioPool:
 
 
 def list_audio(roots: Iterable[str | os.PathLike[str]]) -> list[str]:
-    """Audio files below the given folders (recursively, through symlinked folders), in a stable sorted order."""
+    """Audio files below the given folders (recursively, through symlinked folders), in a stable sorted order.
+    A folder that cannot be read and a link to a missing file are listed too, so that :func:`scan` reports them
+    with the reason (they were left out without a word: "0 files skipped" with half a corpus unread)."""
     found: list[str] = []
     for root in roots:
         p = Path(root)
@@ -96,7 +98,12 @@ def list_audio(roots: Iterable[str | os.PathLike[str]]) -> list[str]:
         if not p.is_dir():
             raise FileNotFoundError(f"{p}: no such folder")
         seen: set[str] = set()
-        for folder, dirs, files in os.walk(p, followlinks=True):  # corpora are often assembled from symlinks
+        closed: list[str] = []  # folders the walk could not list
+
+        def note(err: OSError, into: list[str] = closed) -> None:
+            into.append(err.filename if err.filename else str(err))
+
+        for folder, dirs, files in os.walk(p, followlinks=True, onerror=note):  # corpora are often symlinks
             real = os.path.realpath(folder)
             if real in seen:  # a link back up the tree
                 dirs.clear()
@@ -105,8 +112,10 @@ def list_audio(roots: Iterable[str | os.PathLike[str]]) -> list[str]:
             found.extend(
                 os.path.join(folder, f)
                 for f in files
-                if Path(f).suffix.lower() in AUDIO_SUFFIXES and os.path.isfile(os.path.join(folder, f))
+                if Path(f).suffix.lower() in AUDIO_SUFFIXES
+                and (os.path.isfile(os.path.join(folder, f)) or not os.path.exists(os.path.join(folder, f)))
             )
+        found.extend(closed)
     return sorted(found)
 
 
@@ -134,6 +143,12 @@ def scan(
 
 
 def _problem(path: str, sample_rate: int, min_frames: int, silence_peak: float) -> str | None:
+    if os.path.isdir(path):  # listed by list_audio because it could not be read
+        return "a folder that cannot be read (permission denied): its files are left out"
+    if not os.path.exists(path):
+        return "a link to a missing file" if os.path.islink(path) else "no such file"
+    if unreadable(path):
+        return str(unreadable(path))
     try:
         info = sf.info(fs_path(path))
     except Exception as exc:  # libsndfile raises several types on foreign or truncated files

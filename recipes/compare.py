@@ -48,13 +48,20 @@ def _run(cmd: list[str]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tim-compare", description=__doc__.split("\n\n")[0])
-    p.add_argument("--configs", nargs="+", required=True, choices=sorted(REGISTRY), metavar="NAME")
+    p.add_argument(
+        "--configs",
+        nargs="+",
+        required=True,
+        choices=sorted(REGISTRY),
+        metavar="NAME",
+        help=f"model configs to compare, by name (not files; those are --config): {', '.join(sorted(REGISTRY))}",
+    )
     p.add_argument("--out", type=Path, required=True, help="folder for one run folder per config")
     p.add_argument("--config", action="append", default=[], help="data/train JSON shared by all runs")
     p.add_argument(
         "--pairs", default=None, help="paired dev/test set to evaluate on (default: the data config's)"
     )
-    p.add_argument("--epochs", type=int, required=True)
+    p.add_argument("--epochs", type=int, required=True, help="epochs each config is trained")
     p.add_argument(
         "--round-epochs",
         type=int,
@@ -65,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--steps-per-epoch", type=positive_int, default=None, help="cap steps per epoch (default: all)"
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=positive_int, default=None)  # 0 was taken as "not given"
+    p.add_argument("--seed", type=int, default=0, help="the same for every run (default 0)")
+    # 0 was taken as "not given"
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads of each run")
     p.add_argument("--dnsmos", action="store_true", help="also score DNSMOS (slower)")
     p.add_argument("--skip-training", action="store_true", help="only evaluate and tabulate existing runs")
     return p

@@ -139,8 +139,8 @@ def _mixing(
         skipped += bad
         train_speech, train_noise = speech, noise
     else:
-        train_speech, val_speech = split_pool(speech, cfg.val_holdout, seed)
-        train_noise, val_noise = split_pool(noise, cfg.val_holdout, seed)
+        train_speech, val_speech = split_pool(speech, cfg.val_holdout, seed, "speech")
+        train_noise, val_noise = split_pool(noise, cfg.val_holdout, seed, "noise")
         val = fixed_mixes(val_speech, val_noise, cfg.mixing, cfg.val_examples, seed)
     # decoded once here (below 2 GiB each), shared by the loader's forked workers: examples then cost no
     # decoding, which matters for compressed copies (recipes.compact_corpus) and fast GPUs
@@ -160,11 +160,15 @@ def _fingerprint(files: list[str], val: list[ValPair]) -> str:
     return content_fingerprint(files, [a for pair in val for a in (pair.noisy, pair.clean)])
 
 
-def split_pool(pool: AudioPool, fraction: float, seed: int) -> tuple[AudioPool, AudioPool]:
-    """Hold out ``fraction`` of the files (at least one, seeded) for validation."""
+def split_pool(pool: AudioPool, fraction: float, seed: int, what: str = "") -> tuple[AudioPool, AudioPool]:
+    """Hold out ``fraction`` of the files (at least one, seeded) for validation; ``what``: the pool's name, for
+    the error."""
     n_val = max(1, round(len(pool) * fraction))
     if len(pool) < 2:
-        raise ValueError(f"need at least 2 usable files to hold one out for validation, got {len(pool)}")
+        raise ValueError(
+            f"need at least 2 usable {what + ' ' if what else ''}files to hold one out for validation, got "
+            f"{len(pool)} (or give validation pairs: --val-pairs)"
+        )
     order = np.random.default_rng([seed, 99]).permutation(len(pool))
     val_idx, train_idx = sorted(order[:n_val]), sorted(order[n_val:])
 

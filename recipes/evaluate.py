@@ -315,12 +315,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, KeyError, CheckpointError, RuntimeError) as exc:
         _stderr(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}")
         return 2
+    except OSError as exc:  # a pairs folder this user cannot read: no traceback
+        _stderr(f"error: {exc}")
+        return 2
     for warning in found.warnings:
         _stderr(f"warning: {warning}")
     _stderr(f"{found.layout} layout: {len(found.pairs)} pairs under {found.root}")
-    result = evaluate(
-        model, found.pairs, args.out, dnsmos=not args.no_dnsmos, limit=args.limit, unpaired=found.warnings
-    )
+    try:
+        result = evaluate(
+            model, found.pairs, args.out, dnsmos=not args.no_dnsmos, limit=args.limit, unpaired=found.warnings
+        )
+    except OSError as exc:  # the tables could not be written (a full disk): say so in one line
+        _stderr(f"error: {exc}")
+        return 1
     if result["n_evaluated"] == 0:
         _stderr(f"error: no file could be evaluated; nothing written to {args.out}")
         return 1

@@ -16,6 +16,7 @@ from recipes.audio_pool import AudioPool
 from recipes.augment import AugmentConfig, augment, augment_rng
 
 WINDOW = STFTConfig().win_length  # a training segment holds at least one STFT frame
+MODEL_RATE = STFTConfig().sample_rate  # what the model hears; the corpus must be at it
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,11 @@ class MixingConfig:
     repeats: int = 1
 
     def __post_init__(self) -> None:
+        if self.sample_rate != MODEL_RATE:  # 8 kHz audio was fed to the 16 kHz model as if it were 16 kHz
+            raise ValueError(
+                f"sample_rate must be the model's {MODEL_RATE} Hz, got {self.sample_rate}: resample the corpus "
+                f"to {MODEL_RATE} Hz (files at other rates are skipped with the reason)"
+            )
         if self.sample_rate < 1 or not self.segment_seconds * self.sample_rate >= WINDOW:
             raise ValueError(
                 f"segment_seconds must hold at least one {WINDOW}-sample STFT window "
@@ -76,14 +82,27 @@ def segment_index(speech: AudioPool, segment: int) -> list[tuple[int, int]]:
     return index
 
 
+def _why_none(pool: AudioPool) -> str:
+    """The reasons an empty pool's files were skipped, most common first (with an example of each)."""
+    if not pool.skipped:
+        return " (none found: is it the right folder, with .wav/.flac/... files?)"
+    counts: dict[str, list[str]] = {}
+    for s in pool.skipped:
+        counts.setdefault(s.reason.split(" (")[0].split(",")[0], []).append(s.path)
+    parts = [
+        f"{len(paths)} x {reason} (e.g. {paths[0]})"
+        for reason, paths in sorted(counts.items(), key=lambda kv: -len(kv[1]))[:3]
+    ]
+    return f": all {len(pool.skipped)} skipped: " + "; ".join(parts)
+
+
 class MixingDataset(torch.utils.data.Dataset):
     """Noisy/clean segment pairs, ``[segment_samples]`` float32 each, from speech and noise pools."""
 
     def __init__(self, speech: AudioPool, noise: AudioPool, cfg: MixingConfig, seed: int) -> None:
-        if len(speech) == 0:
-            raise ValueError("no usable speech files")
-        if len(noise) == 0:
-            raise ValueError("no usable noise files")
+        for what, pool in (("speech", speech), ("noise", noise)):
+            if len(pool) == 0:  # say why: "no usable speech files" alone left a 48 kHz corpus a mystery
+                raise ValueError(f"no usable {what} files{_why_none(pool)}")
         self.speech, self.noise, self.cfg, self.seed = speech, noise, cfg, seed
         self.index = segment_index(speech, cfg.segment_samples)
         self.epoch = 0

@@ -14,12 +14,14 @@ Every file is written to a temp file and renamed, so a killed run never leaves a
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import os
 import pickle
 import platform
+import shutil
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -68,7 +70,32 @@ def release(run_dir: Path) -> None:
         os.close(fd)  # closing the descriptor releases the flock
 
 
+def remove_if_only_lock(run_dir: Path) -> None:
+    """Remove a folder a refused run made that holds nothing but its :data:`LOCK_NAME` (another run may have
+    written there meanwhile: then it stays)."""
+    with contextlib.suppress(OSError):
+        if [p.name for p in run_dir.iterdir()] == [LOCK_NAME]:
+            (run_dir / LOCK_NAME).unlink()
+            run_dir.rmdir()
+
+
 RUN_FILES = ("state.pt", "metrics.csv", "best.safetensors", "last.safetensors")
+
+
+# everything a run writes in its folder (with atomic_path's ".<name>.*.tmp" while writing)
+RUN_WRITTEN = (*RUN_FILES, "config.json", "env.json", "skipped.txt", LOCK_NAME)
+
+
+def foreign_files(run_dir: Path) -> list[str]:
+    """What ``run_dir`` holds that no run wrote: a fresh run there would replace a user's own ``config.json``
+    (``--config exp/config.json --out exp`` did), so it is refused."""
+    if not run_dir.is_dir():
+        return []
+    return sorted(
+        p.name
+        for p in run_dir.iterdir()
+        if p.name not in RUN_WRITTEN and not (p.name.startswith(".") and p.name.endswith(".tmp"))
+    )
 
 
 def trained_files(run_dir: Path) -> list[str]:
@@ -155,8 +182,18 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 
 def save_state(path: Path, state: dict[str, Any]) -> None:
+    """Written atomically: a failed write leaves the previous state as it was. torch.save reports a full disk
+    as a RuntimeError ("unexpected pos ..."): it is raised as the OSError it is, which tim-train reports in one
+    line."""
     with atomic_path(path, durable=True) as tmp:
-        torch.save(state, tmp)
+        try:
+            torch.save(state, tmp)
+        except RuntimeError as exc:
+            free = shutil.disk_usage(path.parent).free
+            raise OSError(
+                f"{path}: writing the training state failed ({str(exc).splitlines()[0][:120]}; "
+                f"{free / 2**20:.1f} MiB free there)"
+            ) from None
 
 
 def load_state(path: Path) -> dict[str, Any]:

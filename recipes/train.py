@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -78,21 +79,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--cache-dir", help="where VoiceBank is resampled to 16 kHz once (default ~/.cache/tim-enhance)"
     )
-    g.add_argument("--epochs", type=int)
-    g.add_argument("--batch-size", type=int)
-    g.add_argument("--lr", type=float)
-    g.add_argument("--seed", type=int)
-    g.add_argument("--device")
-    g.add_argument("--num-workers", type=int)
-    g.add_argument("--threads", type=int)
+    g.add_argument("--epochs", type=int, help="epochs to train in all (default 50, the paper's)")
+    g.add_argument("--batch-size", type=int, help="segments per step, over all processes (default 16)")
+    g.add_argument(
+        "--lr", type=float, help="Adam learning rate (default 2e-4; halved after 5 epochs without gain)"
+    )
+    g.add_argument("--seed", type=int, help="seed of the weights, the mixing and the batches (default 0)")
+    g.add_argument("--device", help="auto (default: CUDA if there is one), cpu, cuda or cuda:N")
+    g.add_argument(
+        "--num-workers", type=int, help="data loader processes (default 0: in the training process)"
+    )
+    g.add_argument("--threads", type=int, help="torch threads on a CPU (default: torch's choice)")
     g.add_argument(
         "--time-budget-minutes",
         type=float,
         help="stop (resumably) when this many minutes of training are spent; a resumed run may change it (inf: no "
         "limit, which also removes a saved one)",
     )
-    g.add_argument("--max-steps-per-epoch", type=int)
-    g.add_argument("--segment-seconds", type=float)
+    g.add_argument("--max-steps-per-epoch", type=int, help="cap on steps per epoch (default: one pass)")
+    g.add_argument("--segment-seconds", type=float, help="length of each training segment (default 4 s)")
     g.add_argument("--init-from", help="start from this checkpoint's weights (fresh optimizer)")
     g.add_argument(
         "--low-level-weight",
@@ -210,6 +215,11 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="[%(levelname)s] %(message)s")
+    # inf is "no limit", which the config holds as None: written as inf, it was saved as Infinity, which the next
+    # --resume refused to read (and a new run refused at once)
+    no_budget = args.time_budget_minutes is not None and args.time_budget_minutes == math.inf
+    if no_budget:
+        args.time_budget_minutes = None
     try:
         if args.resume:
             saved = Path(args.out) / "config.json"
@@ -236,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
             # machine, fewer cores); what it computes may not.
             runtime = {k: getattr(args, k) for k in RESUME_OVERRIDES}
             runtime = {k: v for k, v in runtime.items() if v is not None}
+            if no_budget:
+                runtime["time_budget_minutes"] = None  # removes a saved limit
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **runtime))
         else:
             cfg = resolve(args)
@@ -251,8 +263,18 @@ def main(argv: list[str] | None = None) -> int:
         KeyError,
         CheckpointError,
     ) as exc:
-        print(f"tim-train: error: {exc}", file=sys.stderr)
+        print(f"tim-train: error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
+    except (
+        OSError
+    ) as exc:  # a full disk, a folder this user cannot read or write: no traceback, and what next
+        then = (
+            f"; `--out {args.out} --resume` continues from the last saved state"
+            if (Path(args.out) / "state.pt").is_file()
+            else ""
+        )
+        print(f"tim-train: error: {exc}{then}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         if (Path(args.out) / "state.pt").is_file():
             then = f"`--out {args.out} --resume` continues from the last saved state"

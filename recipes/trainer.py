@@ -357,12 +357,15 @@ class Trainer:
         torch.manual_seed(cfg.train.seed + 1_000_003 * self.dist.rank)
         # a resumed run's data as its state.pt describes it: (description, fingerprint; None before session 23)
         self._resumed_data: tuple[str | None, str | None] | None = None
+        made = not self.run_dir.exists()
         try:
             self._prepare_run_dir()
             self.data: RecipeData = build(cfg.data, cfg.train.seed)
             self._check_resumed_data()
         except BaseException:  # refused: the folder is free for the next try, in this process or another
             run_folder.release(self.run_dir)
+            if made and self.dist.is_main:  # and not left behind holding only its lock
+                run_folder.remove_if_only_lock(self.run_dir)
             raise
         self._record_run()
         self.net: torch.nn.Module = (
@@ -442,6 +445,13 @@ class Trainer:
             raise FileNotFoundError(f"{state_path}: nothing to resume")
         else:  # files of an earlier run with no state to continue it: this run's metrics would follow its rows
             earlier = run_folder.trained_files(self.run_dir)  # (no state.pt here)
+            foreign = run_folder.foreign_files(self.run_dir)
+            if foreign:
+                shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+                raise FileExistsError(
+                    f"{self.run_dir} holds files that no run wrote ({shown}); a new run starts in a new or empty "
+                    "folder (it would write config.json, env.json, skipped.txt there): choose another --out"
+                )
             if earlier:
                 raise FileExistsError(
                     f"{self.run_dir} holds {', '.join(earlier)} of an earlier run but no state.pt to resume it "

@@ -80,6 +80,20 @@ def train_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return run_cli(["-m", "recipes.train", *args], cwd)
 
 
+def refused_train(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m recipes.train ARGS``, which must exit 2 (a usage or data error)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "recipes.train", *args],
+        cwd=cwd,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT,
+    )
+    assert proc.returncode == 2, f"{args} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
 @contextlib.contextmanager
 def in_process() -> Iterator[None]:
     """Run a trainer inside pytest without leaking its thread count or RNG state into other tests."""
@@ -1462,3 +1476,61 @@ def test_a_truncated_corpus_file_is_skipped_with_the_reason(tmp_path: Path) -> N
     pool = scan([str(whole), str(cut)])
     assert pool.paths == [str(whole)]
     assert [s.reason.split(" (")[0] for s in pool.skipped] == ["truncated"], pool.skipped
+
+
+def test_an_infinite_time_budget_is_no_limit_and_the_run_resumes_after_it(
+    folders: FolderTree, tmp_path: Path
+) -> None:
+    """inf was saved as Infinity in config.json and state.pt, which every later --resume refused to read; a new
+    run given inf was refused at once, though --help offers it."""
+    args = folders_args(folders, "--epochs", "1", "--max-steps-per-epoch", "2")
+    run = tmp_path / "run"
+    train_cli([*args, "--out", str(run), "--time-budget-minutes", "0"], tmp_path)  # stops, resumably
+    train_cli(["--out", str(run), "--resume", "--time-budget-minutes", "inf"], tmp_path)
+    assert json.loads((run / "config.json").read_text())["train"]["time_budget_minutes"] is None
+    train_cli(["--out", str(run), "--resume", "--epochs", "2"], tmp_path)  # reads what the last one saved
+    assert len(metrics(run)) == 2
+    train_cli([*args, "--out", str(tmp_path / "fresh"), "--time-budget-minutes", "inf"], tmp_path)
+
+
+def test_a_new_run_keeps_out_of_a_folder_of_other_files_and_a_refused_one_leaves_none(
+    folders: FolderTree, tmp_path: Path
+) -> None:
+    """--config exp/config.json --out exp replaced the user's own config.json with the resolved one; a run
+    refused before it started left its folder behind holding only a .lock."""
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "config.json").write_text('{"train": {"epochs": 1}}')
+    (exp / "notes.txt").write_text("mine")
+    args = folders_args(folders, "--epochs", "1", "--max-steps-per-epoch", "1")
+    proc = refused_train([*args, "--config", str(exp / "config.json"), "--out", str(exp)], tmp_path)
+    assert "holds files that no run wrote (notes.txt)" in proc.stderr, proc.stderr
+    assert (exp / "config.json").read_text() == '{"train": {"epochs": 1}}'
+    empty = tmp_path / "no-speech"
+    empty.mkdir()
+    refused = tmp_path / "refused"
+    only_empty = ["--speech", str(empty), "--noise", str(folders.noise), "--val-pairs", str(folders.dev)]
+    proc = refused_train([*only_empty, "--model", "tiny", "--threads", "1", "--out", str(refused)], tmp_path)
+    assert "no usable speech files" in proc.stderr and not refused.exists(), proc.stderr
+
+
+def test_the_corpus_must_be_at_the_models_rate_and_an_empty_pool_says_why(tmp_path: Path) -> None:
+    """An 8-kHz mixing rate fed 8-kHz audio to the 16-kHz model as if it were 16 kHz; a 48-kHz corpus ended in
+    "no usable speech files" alone."""
+    from recipes.audio_pool import list_audio, scan
+    from recipes.mixing import MixingConfig, MixingDataset
+
+    with pytest.raises(ValueError, match="16000 Hz"):
+        MixingConfig(sample_rate=8000)
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        sf.write(tmp_path / f"s{i}.wav", (0.1 * rng.standard_normal(48000)).astype(np.float32), 48000)
+    (tmp_path / "gone.wav").symlink_to(tmp_path / "missing.wav")  # dangling: was left out without a word
+    speech = scan(list_audio([tmp_path]))
+    assert {Path(s.path).name: s.reason for s in speech.skipped}["gone.wav"] == "a link to a missing file"
+    with pytest.raises(ValueError) as refused:
+        MixingDataset(speech, speech, MixingConfig(), seed=0)
+    message = str(refused.value)
+    assert "no usable speech files: all 4 skipped" in message and "3 x sample rate 48000 Hz" in message, (
+        message
+    )
