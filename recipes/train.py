@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from models.checkpoint import CheckpointError
-from models.config_io import from_dict
+from models.config_io import from_dict, to_dict
 from recipes import run_folder
-from recipes.trainer import RESUME_OVERRIDES, RunConfig, Trainer, saved_run_config
+from recipes.trainer import RESUME_OVERRIDES, RunConfig, Trainer, config_changes, saved_run_config
 
 # the flags --resume may change, as the help and the refusal name them
 RESUME_FLAGS = ", ".join("--" + k.replace("_", "-") for k in RESUME_OVERRIDES)
@@ -162,8 +162,10 @@ def read_config(name: str) -> dict[str, Any]:
     return data
 
 
-def resolve(args: argparse.Namespace) -> RunConfig:
-    data: dict[str, Any] = {}
+def resolve(args: argparse.Namespace, base: dict[str, Any] | None = None) -> RunConfig:
+    """The run's configuration: ``base`` (default: none, the defaults), then the --config files in order, then
+    the flags."""
+    data: dict[str, Any] = dict(base or {})
     for path in args.config:
         data = merge(data, read_config(path))
     flags = {
@@ -223,12 +225,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.resume:
             saved = Path(args.out) / "config.json"
-            if not saved.is_file():
+            state = Path(args.out) / "state.pt"
+            if saved.is_file():
+                try:
+                    raw = json.loads(saved.read_text())
+                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                    raise ValueError(f"{saved}: not readable JSON ({exc})") from None
+            elif state.is_file():  # config.json lost or not copied: the state holds the same configuration
+                raw = run_folder.load_state(state)["config"]
+            else:
                 raise FileNotFoundError(f"{saved}: nothing to resume")
-            try:
-                raw = json.loads(saved.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise ValueError(f"{saved}: not readable JSON ({exc})") from None
             if not isinstance(raw, dict) or not isinstance(raw.get("data", {}), dict):
                 raise ValueError(f"{saved}: not a run's configuration (a JSON object with its sections)")
             cfg = saved_run_config(raw)
@@ -237,10 +243,15 @@ def main(argv: list[str] | None = None) -> int:
                 for k, v in vars(args).items()
                 if k not in (*RESUME_OVERRIDES, "out", "resume") and v not in (None, [], False)
             ]
-            if ignored:
+            # the run's own command again with --resume added is fine; flags that would change it are refused
+            changed = config_changes(cfg, resolve(args, base=to_dict(cfg))) if ignored else []
+            if changed:
+                shown = "; ".join(changed[:4]) + (
+                    f"; and {len(changed) - 4} more" if len(changed) > 4 else ""
+                )
                 raise ValueError(
-                    f"--resume continues the saved run as it was configured; {', '.join(ignored)} cannot change "
-                    f"(only {RESUME_FLAGS} can)"
+                    f"--resume continues the saved run as it was configured; {', '.join(ignored)} would change "
+                    f"it ({shown}); only {RESUME_FLAGS} can change"
                 )
             # Where and how fast a run executes may change between sessions (a GPU
             # machine, fewer cores); what it computes may not.

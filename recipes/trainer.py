@@ -769,6 +769,12 @@ def _differences(then: Any, now: Any, where: str = "") -> list[str]:
     return [] if then == now else [f"{where}: {then!r} then, {now!r} now"]
 
 
+def config_changes(then: RunConfig, now: RunConfig) -> list[str]:
+    """How ``now`` would change what a run configured as ``then`` computes (the flags a resume may change left
+    out), as "key: old -> new" lines; empty when it would not."""
+    return _differences(_without_runtime(to_dict(then)), _without_runtime(to_dict(now)))
+
+
 def _without_runtime(config: dict[str, Any]) -> dict[str, Any]:
     train = {k: v for k, v in config.get("train", {}).items() if k not in RESUME_OVERRIDES}
     return {**config, "train": train}

@@ -603,8 +603,25 @@ def test_resume_refuses_flags_it_would_ignore(
         code = train_main(["--out", str(resume_runs.a), "--resume", "--lr", "0.1", "--model", "tiny-tim4"])
     assert code == 2
     err = capsys.readouterr().err
-    assert "--lr" in err and "--model" in err and "cannot change" in err
+    assert "--lr" in err and "--model" in err and "would change it" in err, err
+    assert "train.lr: 0.0002 then, 0.1 now" in err, err  # the flags given, not every default
     assert snapshot(resume_runs.a) == before
+
+
+def test_resume_takes_the_runs_own_command_again(
+    resume_runs: ResumeRuns, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command that started a run, with --resume added, was refused ("--config, --model, --speech ... cannot
+    change") though it changed nothing; a folder whose config.json was lost said "nothing to resume" though its
+    state.pt holds the configuration."""
+    run = tmp_path / "copy"
+    shutil.copytree(resume_runs.a, run)
+    with in_process():  # finished: nothing to train, but accepted
+        assert train_main([*resume_runs.args, "--out", str(run), "--resume"]) == 0
+    (run / "config.json").unlink()
+    with in_process():
+        assert train_main(["--out", str(run), "--resume"]) == 0
+    assert "nothing to train" in capsys.readouterr().out
 
 
 def test_a_second_run_in_a_folder_in_use_is_refused(
