@@ -487,3 +487,31 @@ def test_an_unreachable_server_is_said_plainly_and_the_input_keeps_its_file(tmp_
         assert "server cannot be reached" in b.status(), b.status()
         assert "Failed to fetch" not in b.status()
         assert not b.errors, b.errors
+
+
+def test_cancel_stops_a_run_and_the_next_file_runs(tmp_path: Path) -> None:
+    """A long file could be stopped only by picking another one."""
+    ck = tiny_checkpoint(tmp_path / "tiny.safetensors")
+    audio = tmp_path / "a.wav"
+    audio.write_bytes(wav_bytes(noisy(1.0, 16000, 1), 16000))
+    with run_server(ServerConfig(checkpoints=(str(ck),), threads=1)) as srv, browser_on(srv) as b:
+        page = b.page
+        held: list[Any] = []
+        page.route("**/v1/enhance*", lambda route: held.append(route))  # the answer never comes
+        page.goto(srv.url + "/")
+        page.wait_for_function(MODELS_LISTED, timeout=20000)
+        assert not page.locator("#cancel-btn").is_visible()
+        b.pick(audio)
+        page.wait_for_function("document.body.dataset.state === 'working'", timeout=10000)
+        page.wait_for_function("document.getElementById('cancel-btn').hidden === false", timeout=10000)
+        page.click("#cancel-btn")
+        assert page.evaluate("document.body.dataset.state") == "idle"
+        assert b.status().startswith("Cancelled."), b.status()
+        assert not page.locator("#cancel-btn").is_visible()
+        page.wait_for_function(
+            "document.getElementById('noisy-audio').getAttribute('src') === null", timeout=5000
+        )
+        page.unroute("**/v1/enhance*")
+        assert b.upload(audio) == "done", b.status()
+        assert not page.locator("#cancel-btn").is_visible()
+        assert not b.errors, b.errors

@@ -271,6 +271,7 @@ async function run(blob, name) {
   const check = () => abort.signal.throwIfAborted();  // after every await
   clearResults();
   setState("working", `Enhancing ${name}…`);
+  $("cancel-btn").hidden = false;
   $("noisy-audio").src = keepUrl(blob);
   const model = $("model-select").value;
   let converted = false;
@@ -323,9 +324,22 @@ async function run(blob, name) {
     const how = converted ? " The server could not read the original, so this browser sent it as a 16 kHz WAV (the output is 16 kHz)." : "";
     setState("done", `Done: ${name} (${analysis.duration_s.toFixed(2)} s) enhanced in ${seconds} s.${how}${note}${stillRecording()}`);
   } catch (err) {
-    if (!isCurrent()) return;  // a newer run owns the page
+    if (!isCurrent()) return;  // a newer run (or Cancel) owns the page
     setState("error", `Error: ${errorMessage(err)}${stillRecording()}`);
+  } finally {
+    if (isCurrent()) $("cancel-btn").hidden = true;
   }
+}
+
+// a long file could be stopped only by picking another one: Cancel aborts the run's requests (the server stops
+// the job of a client that goes away) and leaves the page ready for the next file
+function cancelRun() {
+  if (!runAbort) return;
+  runAbort.abort();
+  runAbort = null;
+  $("cancel-btn").hidden = true;
+  clearResults();
+  setState("idle", `Cancelled. ${READY_TEXT}${stillRecording()}`);
 }
 
 // a run that ends while the microphone records must not leave "Done" as the last word: the mic is still live
@@ -409,6 +423,7 @@ if (!canRecord) {
   $("record-note").hidden = false;
 }
 $("record-btn").addEventListener("click", startRecording);
+$("cancel-btn").addEventListener("click", cancelRun);
 $("stop-btn").addEventListener("click", () => recorder && recorder.state !== "inactive" && recorder.stop());
 $("api-key").addEventListener("change", loadModels);
 setState("idle", READY_TEXT);  // the page's own text says "Loading…" until this script runs
