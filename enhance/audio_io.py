@@ -164,17 +164,23 @@ def open_audio(src: Any) -> sf.SoundFile:
     open (at close where the OS cannot remove an open file)."""
     try:
         return sf.SoundFile(src)
-    except Exception:
-        if not isinstance(src, io.BytesIO) or not _looks_like_mp3(src.getvalue()[:4]):
+    except Exception as first:
+        if not isinstance(src, io.BytesIO) or not _looks_like_mp3(bytes(src.getbuffer()[:4])):
             raise
-    fd, tmp = tempfile.mkstemp(suffix=".mp3")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(src.getbuffer())
-        f = sf.SoundFile(tmp)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        try:
+            fd, tmp = tempfile.mkstemp(suffix=".mp3")
+        except OSError:  # no temporary folder to write to: libsndfile's own words stand
+            raise first from None
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(src.getbuffer())
+            f = sf.SoundFile(tmp)
+        except Exception:  # not MP3 after all (or the copy failed): the first error says what is wrong
+            os.unlink(tmp)
+            raise first from None
+        except BaseException:
+            os.unlink(tmp)
+            raise
     try:
         os.unlink(tmp)
     except OSError:  # Windows: not while it is open

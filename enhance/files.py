@@ -27,6 +27,7 @@ import soundfile as sf
 
 from enhance.audio_io import (
     MAX_FLOAT_SAMPLE,
+    UNKNOWN_LENGTH,
     AudioError,
     atomic_path,
     check_header,
@@ -239,8 +240,9 @@ def enhance_stream(
         # compressed formats encode their last packets in close(), where soundfile ignores a failed write (a full
         # disk left a cut FLAC/Ogg/MP3 behind with exit 0): the file must read back as long as what was written
         if isinstance(dst, str | os.PathLike) and fmt != "RAW":
-            try:
-                complete = sf.info(fs_path(dst)).frames == frames
+            try:  # at least as long: block codecs (IMA/MS ADPCM, GSM 6.10, G.72x) pad their last block
+                back = sf.info(fs_path(dst)).frames
+                complete = frames <= back != UNKNOWN_LENGTH
             except Exception:
                 complete = False
             if not complete:

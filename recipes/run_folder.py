@@ -82,20 +82,13 @@ def remove_if_only_lock(run_dir: Path) -> None:
 RUN_FILES = ("state.pt", "metrics.csv", "best.safetensors", "last.safetensors")
 
 
-# everything a run writes in its folder (with atomic_path's ".<name>.*.tmp" while writing)
-RUN_WRITTEN = (*RUN_FILES, "config.json", "env.json", "skipped.txt", LOCK_NAME)
-
-
 def foreign_files(run_dir: Path) -> list[str]:
-    """What ``run_dir`` holds that no run wrote: a fresh run there would replace a user's own ``config.json``
-    (``--config exp/config.json --out exp`` did), so it is refused."""
-    if not run_dir.is_dir():
+    """The files in ``run_dir`` that a new run would replace but no run wrote: ``config.json`` or
+    ``skipped.txt`` without the ``env.json`` a run writes with them (``--config exp/config.json --out exp``
+    replaced the user's own config). Other files (a tee'd log, .DS_Store, an eval/ folder) are left alone."""
+    if (run_dir / "env.json").is_file():
         return []
-    return sorted(
-        p.name
-        for p in run_dir.iterdir()
-        if p.name not in RUN_WRITTEN and not (p.name.startswith(".") and p.name.endswith(".tmp"))
-    )
+    return [n for n in ("config.json", "skipped.txt") if (run_dir / n).is_file()]
 
 
 def trained_files(run_dir: Path) -> list[str]:

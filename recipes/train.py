@@ -243,8 +243,10 @@ def main(argv: list[str] | None = None) -> int:
                 for k, v in vars(args).items()
                 if k not in (*RESUME_OVERRIDES, "out", "resume") and v not in (None, [], False)
             ]
-            # the run's own command again with --resume added is fine; flags that would change it are refused
-            changed = config_changes(cfg, resolve(args, base=to_dict(cfg))) if ignored else []
+            # the saved run with this command line on top: the run's own command again with --resume added is
+            # fine; flags (or --config files) that would change what it computes are refused
+            given = resolve(args, base=to_dict(cfg))
+            changed = config_changes(cfg, given)
             if changed:
                 shown = "; ".join(changed[:4]) + (
                     f"; and {len(changed) - 4} more" if len(changed) > 4 else ""
@@ -253,15 +255,18 @@ def main(argv: list[str] | None = None) -> int:
                     f"--resume continues the saved run as it was configured; {', '.join(ignored)} would change "
                     f"it ({shown}); only {RESUME_FLAGS} can change"
                 )
-            # Where and how fast a run executes may change between sessions (a GPU
-            # machine, fewer cores); what it computes may not.
-            runtime = {k: getattr(args, k) for k in RESUME_OVERRIDES}
-            runtime = {k: v for k, v in runtime.items() if v is not None}
-            if no_budget:
-                runtime["time_budget_minutes"] = None  # removes a saved limit
-            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **runtime))
+            # Where and how fast a run executes may change between sessions (a GPU machine, fewer cores), by
+            # flag or --config file; what it computes may not.
+            cfg = dataclasses.replace(
+                cfg,
+                train=dataclasses.replace(
+                    cfg.train, **{k: getattr(given.train, k) for k in RESUME_OVERRIDES}
+                ),
+            )
         else:
             cfg = resolve(args)
+        if no_budget:  # no limit, whatever a --config file or the saved run says
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, time_budget_minutes=None))
         problem = run_folder.out_folder_problem(args.out)
         if problem:
             raise ValueError(problem)

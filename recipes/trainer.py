@@ -363,9 +363,9 @@ class Trainer:
             self.data: RecipeData = build(cfg.data, cfg.train.seed)
             self._check_resumed_data()
         except BaseException:  # refused: the folder is free for the next try, in this process or another
-            run_folder.release(self.run_dir)
-            if made and self.dist.is_main:  # and not left behind holding only its lock
+            if made and self.dist.is_main:  # and not left behind holding only its lock (removed while held)
                 run_folder.remove_if_only_lock(self.run_dir)
+            run_folder.release(self.run_dir)
             raise
         self._record_run()
         self.net: torch.nn.Module = (
@@ -445,17 +445,16 @@ class Trainer:
             raise FileNotFoundError(f"{state_path}: nothing to resume")
         else:  # files of an earlier run with no state to continue it: this run's metrics would follow its rows
             earlier = run_folder.trained_files(self.run_dir)  # (no state.pt here)
-            foreign = run_folder.foreign_files(self.run_dir)
-            if foreign:
-                shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-                raise FileExistsError(
-                    f"{self.run_dir} holds files that no run wrote ({shown}); a new run starts in a new or empty "
-                    "folder (it would write config.json, env.json, skipped.txt there): choose another --out"
-                )
             if earlier:
                 raise FileExistsError(
                     f"{self.run_dir} holds {', '.join(earlier)} of an earlier run but no state.pt to resume it "
                     "from; choose a new folder, or remove those files to start this one there"
+                )
+            foreign = run_folder.foreign_files(self.run_dir)
+            if foreign:
+                raise FileExistsError(
+                    f"{self.run_dir} holds {' and '.join(foreign)} that no run wrote (no env.json beside it), "
+                    "which this run would replace: choose another --out"
                 )
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)

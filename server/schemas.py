@@ -145,10 +145,9 @@ class StreamStart(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # strict: "16000" and true were taken for numbers (true as 1 channel)
-    sample_rate: int = Field(16000, ge=MIN_RATE, le=MAX_STREAM_RATE, strict=True)
+    sample_rate: int = Field(16000, ge=MIN_RATE, le=MAX_STREAM_RATE)
     # the server's --max-channels (default 8) is checked after this, as for a POST
-    channels: int = Field(1, ge=1, le=MAX_CHANNELS, strict=True)
+    channels: int = Field(1, ge=1, le=MAX_CHANNELS)
     format: Literal["s16le", "f32le"] = "s16le"
     model: str | None = Field(None, max_length=MODEL_NAME_MAX)
     api_key: str | None = Field(None, description="for browsers, which cannot set headers on WebSockets")
@@ -162,6 +161,15 @@ class StreamStart(BaseModel):
         description="when sample_rate is above 16000: keep the band above 8 kHz, gated by the model's 6-8 kHz gain "
         "(gate, as POST /v1/enhance), or leave it out (drop: the 16 kHz model's band only)",
     )
+
+    @field_validator("sample_rate", "channels", mode="before")
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        """JSON numbers only: "16000" and true were taken for numbers (true as 1 channel); 16000.0, which
+        clients that hold rates as floats send, stays accepted."""
+        if isinstance(value, bool | str):
+            raise ValueError("must be a JSON number, not a string or a boolean")
+        return value
 
     @field_validator("format", "resampling", "high_band", mode="before")
     @classmethod

@@ -1372,3 +1372,15 @@ def test_a_folder_scan_leaves_out_hidden_files(tmp_path: Path, ckpt: str) -> Non
     proc = cli(str(d), "-o", str(tmp_path / "out"), "--checkpoint", ckpt, "--json")
     assert proc.returncode == 0, proc.stderr.decode()
     assert [Path(f["input"]).name for f in json.loads(proc.stdout)["files"]] == ["take.wav"]
+
+
+def test_block_codecs_pass_the_read_back_check(tmp_path: Path, ckpt: str) -> None:
+    """IMA ADPCM and GSM 6.10 pad their last block: the output reads back a little longer than written, which
+    the full-disk check took for a failed write."""
+    src = tmp_path / "in.wav"
+    sf.write(src, noisy(0.7, 16000), 16000)
+    for subtype in ("IMA_ADPCM", "GSM610"):
+        dst = tmp_path / f"{subtype}.wav"
+        proc = cli(str(src), "-o", str(dst), "--subtype", subtype, "--checkpoint", ckpt, "-q")
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert sf.info(str(dst)).subtype == subtype and sf.info(str(dst)).frames >= 11200

@@ -1521,7 +1521,7 @@ def test_a_new_run_keeps_out_of_a_folder_of_other_files_and_a_refused_one_leaves
     (exp / "notes.txt").write_text("mine")
     args = folders_args(folders, "--epochs", "1", "--max-steps-per-epoch", "1")
     proc = refused_train([*args, "--config", str(exp / "config.json"), "--out", str(exp)], tmp_path)
-    assert "holds files that no run wrote (notes.txt)" in proc.stderr, proc.stderr
+    assert "holds config.json that no run wrote" in proc.stderr, proc.stderr
     assert (exp / "config.json").read_text() == '{"train": {"epochs": 1}}'
     empty = tmp_path / "no-speech"
     empty.mkdir()
@@ -1529,6 +1529,30 @@ def test_a_new_run_keeps_out_of_a_folder_of_other_files_and_a_refused_one_leaves
     only_empty = ["--speech", str(empty), "--noise", str(folders.noise), "--val-pairs", str(folders.dev)]
     proc = refused_train([*only_empty, "--model", "tiny", "--threads", "1", "--out", str(refused)], tmp_path)
     assert "no usable speech files" in proc.stderr and not refused.exists(), proc.stderr
+    logged = (
+        tmp_path / "logged"
+    )  # mkdir runs/x; tim-train --out runs/x | tee runs/x/train.log: a run's folder
+    logged.mkdir()
+    (logged / "train.log").write_text("")
+    (logged / ".DS_Store").write_bytes(b"")
+    train_cli([*args, "--out", str(logged)], tmp_path)
+
+
+def test_resume_takes_runtime_settings_from_a_config_file_and_inf_beats_a_configured_budget(
+    folders: FolderTree, tmp_path: Path
+) -> None:
+    """--resume --config ep.json ({"train": {"epochs": 2}}) went on with the saved epochs; --time-budget-minutes
+    inf lost to a budget in a --config file."""
+    budget = tmp_path / "budget.json"
+    budget.write_text('{"train": {"time_budget_minutes": 30}}')
+    args = folders_args(folders, "--epochs", "1", "--max-steps-per-epoch", "1")
+    run = tmp_path / "run"
+    train_cli([*args, "--config", str(budget), "--time-budget-minutes", "inf", "--out", str(run)], tmp_path)
+    assert json.loads((run / "config.json").read_text())["train"]["time_budget_minutes"] is None
+    more = tmp_path / "more.json"
+    more.write_text('{"train": {"epochs": 2}}')
+    train_cli(["--out", str(run), "--resume", "--config", str(more)], tmp_path)
+    assert len(metrics(run)) == 2
 
 
 def test_the_corpus_must_be_at_the_models_rate_and_an_empty_pool_says_why(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ from server.jobs import JobRunner
 from server.main import build_parser, config_from_args
 from server.metrics import Metrics
 from server.registry import LoadedModel, Loader, load_models
+from server.schemas import StreamStart
 from tests.conftest import ROOT, flac_without_length
 from tests.server_fixtures import RunningServer, gated_loader, noisy, run_server, tiny_checkpoint, wav_bytes
 
@@ -404,6 +405,13 @@ def test_a_multipart_body_cut_short_says_so(client: httpx.Client) -> None:
     err = _error(client.post("/v1/enhance", content=body[:5000], headers=headers), 400, "bad_multipart")
     assert "closing boundary" in err["message"], err
     assert client.post("/v1/enhance", content=body, headers=headers).status_code == 200  # whole: enhanced
+    epilogue = body + b"\r\n" + b"an epilogue, which RFC 2046 allows and parsers ignore " * 100
+    assert client.post("/v1/enhance", content=epilogue, headers=headers).status_code == 200
+
+
+def test_a_stream_may_give_its_rate_as_a_whole_float() -> None:
+    """Clients that hold rates as floats send 16000.0: accepted, while "16000" and true are refused."""
+    assert StreamStart.model_validate({"sample_rate": 16000.0, "channels": 2.0}).sample_rate == 16000
 
 
 def test_ogg_output_above_200_khz_is_refused_and_the_server_lives(client: httpx.Client) -> None:
