@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 class EnhanceError(Exception):
-    """Base class of every error tim-enhance reports to users (CLI message, HTTP 4xx)."""
+    """Base class of the errors about users' audio and requests (CLI message, HTTP 4xx). A checkpoint that
+    cannot be loaded raises :class:`models.checkpoint.CheckpointError` instead (models does not import enhance)."""
 
 
 class AudioError(EnhanceError, ValueError):

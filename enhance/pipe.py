@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from enhance.audio_io import AudioError, sample_value_error
+from enhance.audio_io import MAX_FLOAT_SAMPLE, AudioError, sample_value_error
 from enhance.rate_bridge import RateBridge
 from enhance.streaming import StreamingEnhancer
 from models.enhancer import Enhancer
@@ -39,12 +39,15 @@ def stream_pcm(
     block: int = 256,
     backend: Any = None,
     high_band: bool = True,
+    low_latency: bool = False,
 ) -> int:
-    """Enhance raw interleaved PCM from ``fin`` to ``fout`` until end of input; returns samples written."""
+    """Enhance raw interleaved PCM from ``fin`` to ``fout`` until end of input; returns samples written.
+    ``low_latency``: at rates other than 16 kHz, soxr's LQ resamplers, which hold back less audio than its HQ
+    ones (the offline path's), as the WebSocket stream's ``"resampling": "low_latency"``."""
     dtype, scale = PCM_FORMATS[pcm]
     width = np.dtype(dtype).itemsize * channels
     engine = StreamingEnhancer(model, channels, backend=backend)
-    bridge = RateBridge(rate, channels, high_band=high_band)
+    bridge = RateBridge(rate, channels, high_band=high_band, quality="LQ" if low_latency else "HQ")
     received = written = 0
     pending = b""
 
@@ -58,6 +61,17 @@ def stream_pcm(
         fout.write(out.tobytes())
         fout.flush()
         written += len(y)
+
+    def finish() -> None:
+        """The end of the stream: what the resampler and the engine still hold, then zeros up to the input's
+        length where rounding left the output short."""
+        nonlocal written
+        write(engine.process(bridge.to_model(np.zeros((channels, 0), np.float32), last=True)))
+        write(engine.flush(), last=True)
+        if written < received:
+            fout.write(np.zeros((received - written) * channels, dtype).tobytes())
+            fout.flush()
+            written = received
 
     read = getattr(fin, "read1", fin.read)
     head = b""
@@ -87,20 +101,21 @@ def stream_pcm(
             continue
         x = np.frombuffer(data[: n * width], dtype).reshape(n, channels).astype(np.float32) / scale
         problem = sample_value_error(x)
-        if problem:
-            raise AudioError(f"<stdin>: {problem} in the PCM stream")
+        if problem:  # the stream ends at the bad sample: the good ones before it still come out, in full
+            good = x[: int(np.argmax(~(np.abs(x) <= MAX_FLOAT_SAMPLE).all(axis=1)))]
+            received += len(good)
+            write(engine.process(bridge.to_model(np.ascontiguousarray(good.T))))
+            finish()
+            raise AudioError(
+                f"<stdin>: {problem} in the PCM stream (the {received} samples before it were written)"
+            )
         received += n
         write(engine.process(bridge.to_model(np.ascontiguousarray(x.T))))
-    write(engine.process(bridge.to_model(np.zeros((channels, 0), np.float32), last=True)))
+    finish()
     if pending:
         print(
             f"enhance-cli: warning: <stdin> ended inside a sample frame: its last {len(pending)} byte(s) were "
             f"left out ({width} bytes per frame of {channels} {pcm} sample(s))",
             file=sys.stderr,
         )
-    write(engine.flush(), last=True)
-    if written < received:
-        fout.write(np.zeros((received - written) * channels, dtype).tobytes())
-        fout.flush()
-        written = received
     return written

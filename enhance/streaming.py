@@ -62,6 +62,12 @@ class StreamingEnhancer:
         :mod:`enhance.stft` (on the model's device and dtype)."""
         if not (isinstance(channels, (int, np.integer)) and 1 <= channels <= MAX_CHANNELS):
             raise ValueError(f"channels must be an integer from 1 to {MAX_CHANNELS}, got {channels!r}")
+        if (
+            backend is not None and getattr(backend, "model", model) is not model
+        ):  # it ran the other's weights
+            raise ValueError(
+                "backend was made for another model: make it from this one (streaming_backend(model))"
+            )
         self.model, self.with_competition = model, with_competition  # its mode is its owner's (Enhancer.step)
         self.backend = backend if backend is not None else model
         self.cfg = model.cfg.stft

@@ -12,9 +12,11 @@ import contextlib
 import dataclasses
 import hashlib
 import math
+import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -235,19 +237,35 @@ def _step(model: Enhancer, feats: torch.Tensor, state: EnhancerState, final: boo
     return EnhancerOutput(log_mag, maps if return_competition else None), state
 
 
+# models inside eval_mode blocks: id -> [blocks open, was it training]; with a lock, as threads share a model
+_EVAL_BLOCKS: dict[int, list[Any]] = {}
+_EVAL_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
     """``model`` in eval mode (no dropout) for the block, and in the mode it was in afterwards: enhancing with a
     model in training mode (a new Enhancer is) gave other samples on every call, and switching it to eval for
-    good switched dropout off in the caller's training loop."""
-    was_training = model.training
-    if was_training:
-        model.eval()
+    good switched dropout off in the caller's training loop. Blocks open in several threads at once share the
+    switch: the mode comes back when the last one ends (the first to end turned dropout back on under the
+    others, whose outputs then differed by up to 1e-2)."""
+    key = id(model)
+    with _EVAL_LOCK:
+        entry = _EVAL_BLOCKS.get(key)
+        if entry is None:
+            entry = _EVAL_BLOCKS[key] = [0, model.training]
+            if model.training:
+                model.eval()
+        entry[0] += 1
     try:
         yield model
     finally:
-        if was_training:
-            model.train()
+        with _EVAL_LOCK:
+            entry[0] -= 1
+            if entry[0] == 0:
+                del _EVAL_BLOCKS[key]
+                if entry[1]:
+                    model.train()
 
 
 def weights_digest(model: nn.Module) -> str:

@@ -165,3 +165,15 @@ def test_bench_wait_policy_fills_every_row(tiny: Path, tmp_path: Path) -> None:
     for row in rows:
         default, passive, ratio = (number(c) for c in row[2:])
         assert ratio == pytest.approx(passive / default, abs=0.006), row
+
+
+def test_bench_pipe_latency_fills_every_row(tiny: Path, tmp_path: Path) -> None:
+    out = tmp_path / "pipe.md"
+    args = ("--checkpoint", str(tiny), "--rates", "16000,48000", "--seconds", "0.5", "--quiet", "0.05")
+    text = ran("bench_pipe_latency.py", *args, "--out", str(out))
+    rows = table(text, "rate (Hz)")
+    assert [(r[0], r[1]) for r in rows] == [("16000", "-"), ("48000", "high"), ("48000", "low_latency")]
+    for row in rows:
+        mean, median, worst = (float(c) for c in row[2:])
+        assert 0 <= median <= worst and 0 <= mean <= worst, row
+    assert out.read_text() == text

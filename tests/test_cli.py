@@ -446,6 +446,16 @@ def test_stream_raw_pcm_pipe(ckpt: str) -> None:
     huge = np.full(100, 3e38, "<f4").tobytes()  # finite, but not audio: NaN came out, with exit 0
     bad = cli("--stream", "-", "-o", "-", "--pcm", "f32le", "--checkpoint", ckpt, stdin=huge)
     assert bad.returncode == 1 and "beyond ±1000".encode() in bad.stderr
+    # a NaN ends the stream there, but the 4000 good samples before it all come out (672 stayed in the engine)
+    cut = np.concatenate([x[:4000], [np.nan], x[4000:]]).astype("<f4")
+    bad = cli("--stream", "-", "-o", "-", "--pcm", "f32le", "--checkpoint", ckpt, stdin=cut.tobytes())
+    assert bad.returncode == 1 and b"NaN" in bad.stderr and b"the 4000 samples before it" in bad.stderr
+    ref = enhance_audio(model, x[None, :4000].astype(np.float32), 16000).wav[0]
+    assert np.abs(np.frombuffer(bad.stdout, "<f4") - ref).max() < 1e-5
+    # --resampling low_latency: soxr's LQ filters, close to (not equal to) the offline output
+    low = ("--stream", "-", "-o", "-", "--checkpoint", ckpt, "--rate", "48000", "--pcm", "f32le")
+    proc = cli(*low, "--resampling", "low_latency", stdin=x48.astype("<f4").tobytes())
+    assert proc.returncode == 0 and len(proc.stdout) == x48.astype("<f4").nbytes, proc.stderr.decode()
 
 
 def test_max_attenuation_flag_overrides_the_model(tmp_path: Path, ckpt: str) -> None:

@@ -579,6 +579,40 @@ def test_a_model_in_training_mode_is_enhanced_as_in_eval_and_left_in_its_mode() 
     assert np.array_equal(enhance_waveform(model, x).wav, first)
 
 
+def test_threads_sharing_a_model_in_training_mode_all_get_the_eval_output() -> None:
+    """Each call switched the model to eval and back on its own: the first thread to finish turned dropout back
+    on under the others, whose outputs then differed by up to 1e-2."""
+    import threading
+
+    model = _model("tiny").train()
+    x = (np.random.default_rng(5).standard_normal((1, 16000)) * 0.1).astype(np.float32)
+    with torch.no_grad():
+        ref = enhance_waveform(model, x).wav
+    worst: list[float] = []
+
+    def work() -> None:
+        for _ in range(6):
+            worst.append(float(np.abs(enhance_waveform(model, x).wav - ref).max()))
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(worst) == 18 and max(worst) < 1e-5, max(worst)
+    assert model.training  # and left as it was
+
+
+def test_a_backend_made_for_another_model_is_refused() -> None:
+    """The engine ran the backend's weights, silently: another model's output."""
+    from enhance.backends import streaming_backend
+
+    a, b = _model("tiny"), _model("tiny")
+    with pytest.raises(ValueError, match="another model"):
+        StreamingEnhancer(b, backend=streaming_backend(a, "torchscript"))
+    StreamingEnhancer(a, backend=streaming_backend(a, "torchscript"))  # its own: fine
+
+
 @pytest.mark.parametrize("backend", ["torchscript", "onnxruntime"])
 @pytest.mark.parametrize("mae", [False, True])
 @pytest.mark.parametrize("context", [4, 100])
