@@ -149,6 +149,13 @@ def unreadable(path: Any) -> str | None:
     return None
 
 
+def check_readable(path: Any, name: str) -> None:
+    """Raise :class:`AudioError` naming ``name`` where :func:`unreadable` gives a reason."""
+    reason = unreadable(path)
+    if reason:
+        raise AudioError(f"{name}: {reason}")
+
+
 def _looks_like_mp3(head: bytes) -> bool:
     """An ID3v2 tag, or an MPEG audio frame's sync word with a layer set."""
     return head[:3] == b"ID3" or (
@@ -198,8 +205,7 @@ def read_info(source: Source) -> AudioInfo:
     src = _open_source(source)
     if isinstance(src, str | bytes) and not os.path.exists(src):
         raise AudioError(f"{_name(source)}: no such file")
-    if unreadable(src):
-        raise AudioError(f"{_name(source)}: {unreadable(src)}")
+    check_readable(src, _name(source))
     try:
         with open_audio(src) as f:
             info = AudioInfo(f.samplerate, f.channels, f.frames, f.format, f.subtype)
@@ -224,8 +230,7 @@ def load_audio(source: Source) -> tuple[np.ndarray, AudioInfo]:
             raise AudioError(f"{name}: is a directory")
         if os.path.isfile(src) and os.path.getsize(src) == 0:  # a pipe has no size
             raise AudioError(f"{name}: empty file (0 bytes)")
-        if unreadable(src):
-            raise AudioError(f"{name}: {unreadable(src)}")
+        check_readable(src, name)
     try:
         with open_audio(src) as f:
             info = AudioInfo(f.samplerate, f.channels, f.frames, f.format, f.subtype)

@@ -583,9 +583,9 @@ def inputs_overwritten(targets: list[tuple[str, str]], ids: dict[tuple[int, int]
             other = ids.get(_file_id(dst))
             if other == "-":
                 return f"{dst}: stdin is read from this file, and the output would replace it"
-            if other is not None and _file_id(other) == _file_id(src):
-                return f"{dst}: refusing to overwrite the input file {src} (write the output elsewhere)"
-            if other is not None and _file_id(other) != _file_id(src):
+            if other is not None:
+                if _file_id(other) == _file_id(src):
+                    return f"{dst}: refusing to overwrite the input file {src} (write the output elsewhere)"
                 return f"{dst}: the output of {src} would overwrite another input ({other})"
         else:  # not there yet: written first, it would then be read as that input
             other = names.get(os.path.realpath(dst))

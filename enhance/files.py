@@ -31,6 +31,7 @@ from enhance.audio_io import (
     AudioError,
     atomic_path,
     check_header,
+    check_readable,
     codec_error,
     format_fallback,
     fs_path,
@@ -40,7 +41,6 @@ from enhance.audio_io import (
     read_blocks,
     read_info,
     sample_value_error,
-    unreadable,
 )
 from enhance.rate_bridge import RateBridge
 from enhance.streaming import StreamingEnhancer
@@ -60,9 +60,8 @@ class FileResult:
     frames: int = 0
     wall_seconds: float = 0.0
     competition: list[np.ndarray] | None = field(default=None, repr=False)  # per TIM layer [C, T, n_s]
-    warnings: list[str] = field(
-        default_factory=list
-    )  # enhanced, but the user should know (a truncated input)
+    # enhanced, but the user should know (a truncated input)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def duration_s(self) -> float:
@@ -127,8 +126,7 @@ def enhance_stream(
     (:mod:`enhance.high_band`); False: the output holds the 16 kHz model's band only.
     """
     t0 = time.perf_counter()
-    if unreadable(fs_path(src)):
-        raise AudioError(f"{name}: {unreadable(fs_path(src))}")
+    check_readable(fs_path(src), name)
     try:
         fin = open_audio(fs_path(src))
     except Exception as exc:

@@ -62,9 +62,8 @@ class StreamingEnhancer:
         :mod:`enhance.stft` (on the model's device and dtype)."""
         if not (isinstance(channels, (int, np.integer)) and 1 <= channels <= MAX_CHANNELS):
             raise ValueError(f"channels must be an integer from 1 to {MAX_CHANNELS}, got {channels!r}")
-        if (
-            backend is not None and getattr(backend, "model", model) is not model
-        ):  # it ran the other's weights
+        # a backend made for another model ran that model's weights, silently
+        if backend is not None and getattr(backend, "model", model) is not model:
             raise ValueError(
                 "backend was made for another model: make it from this one (streaming_backend(model))"
             )

@@ -147,8 +147,9 @@ def _problem(path: str, sample_rate: int, min_frames: int, silence_peak: float) 
         return "a folder that cannot be read (permission denied): its files are left out"
     if not os.path.exists(path):
         return "a link to a missing file" if os.path.islink(path) else "no such file"
-    if unreadable(path):
-        return str(unreadable(path))
+    reason = unreadable(path)
+    if reason:
+        return reason
     try:
         info = sf.info(fs_path(path))
     except Exception as exc:  # libsndfile raises several types on foreign or truncated files

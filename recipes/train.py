@@ -281,9 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     ) as exc:
         print(f"tim-train: error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
-    except (
-        OSError
-    ) as exc:  # a full disk, a folder this user cannot read or write: no traceback, and what next
+    # a full disk, a folder this user cannot read or write: no traceback, and what next
+    except OSError as exc:
         then = (
             f"; `--out {args.out} --resume` continues from the last saved state"
             if (Path(args.out) / "state.pt").is_file()

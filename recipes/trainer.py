@@ -400,7 +400,6 @@ class Trainer:
 
     def _prepare_run_dir(self) -> None:
         state_path = self.run_dir / "state.pt"
-        config = to_dict(self.cfg)
         if self.dist.is_main and self.run_dir.is_dir():  # before reading what another run may be writing
             run_folder.hold(self.run_dir)
         if state_path.is_file():
@@ -410,8 +409,7 @@ class Trainer:
                 )
             saved = run_folder.load_state(state_path)
             # Round-trip the saved config so fields added since it was written take what the run did.
-            saved_config = to_dict(saved_run_config(saved["config"]))
-            changed = _differences(_without_runtime(saved_config), _without_runtime(config))
+            changed = config_changes(saved_run_config(saved["config"]), self.cfg)
             if changed:
                 raise ValueError(
                     f"{self.run_dir}: --resume with a different configuration than the run was started with ("
@@ -770,7 +768,7 @@ def _differences(then: Any, now: Any, where: str = "") -> list[str]:
 
 def config_changes(then: RunConfig, now: RunConfig) -> list[str]:
     """How ``now`` would change what a run configured as ``then`` computes (the flags a resume may change left
-    out), as "key: old -> new" lines; empty when it would not."""
+    out), as "key: OLD then, NEW now" lines; empty when it would not."""
     return _differences(_without_runtime(to_dict(then)), _without_runtime(to_dict(now)))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -115,8 +116,8 @@ async def known_query(request: Request) -> None:
     route with query parameters; the accepted names come from the route itself, so they cannot drift."""
     route = request.scope.get("route")
     accepted = _query_names(route.dependant) if isinstance(route, APIRoute) else []
-    given = [name for name, _ in request.query_params.multi_items()]
-    unknown = [n for n in dict.fromkeys(given) if n not in accepted]
+    given = collections.Counter(name for name, _ in request.query_params.multi_items())
+    unknown = [n for n in given if n not in accepted]
     if unknown:
         raise ApiError(
             422,
@@ -124,7 +125,7 @@ async def known_query(request: Request) -> None:
             f"unknown query parameter{'s' if len(unknown) > 1 else ''} {_quoted(unknown)}; "
             f"{request.url.path} takes: {', '.join(accepted) or 'none'}",
         )
-    repeated = [n for n in dict.fromkeys(given) if given.count(n) > 1]
+    repeated = [n for n, count in given.items() if count > 1]
     if repeated:
         raise ApiError(
             422,

@@ -193,6 +193,17 @@ async def _receive_or_idle(ws: WebSocket, timeout: float, work: Work) -> Message
                 raise StreamError(err.code, f"no message for {timeout:g} s", err.close_code) from None
 
 
+def _json_text(text: str, code: str, what: str, invalid_close: int) -> Any:
+    """A text message's JSON, refused (``code``) before parsing when longer than :data:`MAX_TEXT_CHARS` (close
+    1009), or when not JSON (``invalid_close``; RecursionError: "[[[[..." nested beyond Python's stack)."""
+    if len(text) > MAX_TEXT_CHARS:
+        raise StreamError(code, f"{what} is longer than {MAX_TEXT_CHARS} characters", TOO_BIG)
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        raise StreamError(code, f"{what} is not valid JSON", invalid_close) from None
+
+
 def _parse_start(msg: Message) -> StreamStart:
     text = msg.get("text")
     if text is None:
@@ -201,14 +212,7 @@ def _parse_start(msg: Message) -> StreamStart:
             "the first message must be JSON text: {sample_rate, channels, format}",
             UNSUPPORTED_DATA,
         )
-    if len(text) > MAX_TEXT_CHARS:
-        raise StreamError(
-            "bad_start", f"the first message is longer than {MAX_TEXT_CHARS} characters", TOO_BIG
-        )
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):  # RecursionError: "[[[[..." nested beyond Python's stack
-        raise StreamError("bad_start", "the first message is not valid JSON", POLICY) from None
+    data = _json_text(text, "bad_start", "the first message", POLICY)
     if not isinstance(data, dict):
         raise StreamError("bad_start", "the first message must be a JSON object", POLICY)
     try:
@@ -440,15 +444,7 @@ async def _process(
             for i in range(0, n, max_batch):
                 await _enhance_piece(ws, session, work, x[:, i : i + max_batch], limit, idle_s)
             continue
-        text = msg.get("text") or ""
-        if len(text) > MAX_TEXT_CHARS:
-            raise StreamError(
-                "bad_message", f"text messages are at most {MAX_TEXT_CHARS} characters", TOO_BIG
-            )
-        try:
-            message = json.loads(text)
-        except (json.JSONDecodeError, RecursionError):
-            raise StreamError("bad_message", "text messages must be JSON", UNSUPPORTED_DATA) from None
+        message = _json_text(msg.get("text") or "", "bad_message", "a text message", UNSUPPORTED_DATA)
         kind = message.get("type") if isinstance(message, dict) else None
         if not isinstance(kind, str) or kind.lower() != "end":  # any case, as the start message's names
             raise StreamError(
