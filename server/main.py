@@ -116,8 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=64,
         help="uvicorn: connections (HTTP and WebSocket, idle ones too) at once before it answers 503; bounds the "
-        "memory that uploads being read can hold (each up to --max-upload-mb). Default 64 (unbounded before: 1,100 "
-        "idle sockets were all held)",
+        "memory that uploads being read can hold (each up to --max-upload-mb). Default 64 (unbounded before: a "
+        "review's idle sockets were all held)",
     )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return p

@@ -59,8 +59,8 @@ log = logging.getLogger("server")
 
 UNSUPPORTED_DATA, POLICY, TOO_BIG, TRY_LATER = 1003, 1008, 1009, 1013
 # the longest JSON text message read (the start message with an API key and a model name is a few hundred bytes):
-# json.loads of a 16 MiB one, sent before the key was checked, held the event loop for a second and left the
-# process gigabytes larger
+# json.loads of a 16 MiB one, sent before the key was checked, held the event loop and grew the process (a review
+# measured 1-2 s stalls of /healthz and several GB with six such clients; not rerun here)
 MAX_TEXT_CHARS = 4096
 START_TIMEOUT_S = 10.0  # for the first message (no stream slot is held while it waits)
 INBOX_MESSAGES = 64  # messages read ahead of the model
