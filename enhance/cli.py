@@ -49,7 +49,7 @@ from enhance.audio_io import (
     refused_container,
 )
 from enhance.backends import BACKENDS, REDUCED_PRECISION, streaming_backend
-from enhance.device import usable_device
+from enhance.device import inference_device
 from enhance.files import FileResult, enhance_bytes, enhance_file, new_output
 from enhance.pipe import stream_pcm
 from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint, read_metadata
@@ -828,7 +828,7 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             parser.error("--threads must be >= 1")
         torch.set_num_threads(args.threads)
     try:
-        usable_device(args.device)
+        inference_device(args.device)
     except ValueError as exc:
         parser.error(str(exc))
     try:

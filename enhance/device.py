@@ -27,3 +27,16 @@ def usable_device(text: str, *, auto: bool = False) -> torch.device:
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"--device {text}: no MPS device here")
     return device
+
+
+def inference_device(text: str) -> torch.device:
+    """:func:`usable_device` for the commands that enhance (enhance-cli, enhance-server, tim-evaluate). On CUDA it
+    also turns TF32 off for this process: PyTorch lets cuDNN run float32 convolutions in TF32 (a 10-bit mantissa) by
+    default, which put the output about 80 dB under the signal away from the CPU's on an H200 (up to 5 LSB in a
+    16-bit file) against about 130 dB with TF32 off (`bench/bench_device.py`, `bench/results/device-cuda.md`). The
+    model is far too small for TF32 to matter to speed. Training (tim-train) keeps PyTorch's defaults."""
+    device = usable_device(text)
+    if device.type == "cuda":
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+    return device

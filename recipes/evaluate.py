@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from enhance.audio_io import MODEL_RATE, load_mono_16k
 from enhance.cli import attenuation_db
-from enhance.device import usable_device
+from enhance.device import inference_device, usable_device
 from enhance.errors import EnhanceError
 from enhance.offline import enhance_waveform
 from models import CheckpointError, Enhancer, get_config, load_checkpoint
@@ -289,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_model(args: argparse.Namespace) -> Enhancer:
     """The model the arguments ask for, on ``args.device`` (raises CheckpointError / KeyError)."""
-    device = usable_device(args.device)
+    device = inference_device(args.device)
     if args.checkpoint is not None:
         model = load_checkpoint(args.checkpoint, map_location=device).model
     else:

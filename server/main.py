@@ -17,7 +17,7 @@ import os
 import sys
 
 from enhance.backends import BACKENDS, REDUCED_PRECISION
-from enhance.device import usable_device
+from enhance.device import inference_device
 from models import CheckpointError
 from server.config import MB, ServerConfig
 
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"enhance-server: {exc}; install the extra: pip install 'tim-enhance[serve]'", file=sys.stderr)
         return 2
     try:
-        usable_device(config.device)
+        inference_device(config.device)
         check_config(config)  # fail now, not in the background, for a missing model or file
     except (CheckpointError, ValueError) as exc:
         print(f"enhance-server: {exc}", file=sys.stderr)
