@@ -13,7 +13,7 @@ default model (or ``--checkpoint``):
 - ``enhance-cli --device DEVICE`` as a subprocess, file mode and ``--stream``, against ``enhance-cli`` on the CPU
   (the 16-bit files compared in steps of one least significant bit, LSB);
 - ``enhance-server --device DEVICE`` as a subprocess: one POST /v1/enhance, eight at once, and a WebSocket
-  stream, against the CPU CLI's file.
+  stream (which runs on ``--stream-device``, the CPU by default), against the CPU CLI's file.
 
 Speed: the offline real-time factor on ``--seconds`` of audio (the device against the CPU with all its cores) and
 the streaming engine's time per 16-ms hop, p50/p99 (PyTorch on the device against the CPU's PyTorch and its
@@ -399,6 +399,12 @@ def server_rows(
             outs = [sf.read(io.BytesIO(r), dtype="int16", always_2d=True)[0].T for r in results]
             worst = max(outs, key=lambda o: lsb(ref, o) if o.shape == ref.shape else 1 << 30)
             rep.lsb_row("enhance-server, 8 POSTs at once (the worst)", ref, worst)
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as r:
+            info = json.load(r)["models"][0]
+        rep.notes.append(
+            f"enhance-server --device {args.device}: streams run on {info['stream_device']} with the "
+            f"{info['stream_backend']} backend (/v1/models)"
+        )
         rep.lsb_row("enhance-server WS /v1/stream (20-ms messages)", ref, ws_stream(port, body))
     except Exception as exc:
         rep.error_row("enhance-server", exc)

@@ -91,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"build is cached), else torchscript on a CPU, else pytorch; {REDUCED_PRECISION})",
     )
     p.add_argument(
+        "--stream-device",
+        default="cpu",
+        help="torch device of WebSocket streams (default: %(default)s, also with --device cuda: a 16 ms step is "
+        "too little work for a GPU; the CPU's C step was 4x faster than an H200 in bench/results/device-cuda.md)",
+    )
+    p.add_argument(
         "--stream-idle-timeout",
         type=float,
         default=60.0,
@@ -141,6 +147,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_stream_s=args.max_stream_seconds,
         stream_idle_timeout_s=args.stream_idle_timeout,
         stream_backend=args.stream_backend,
+        stream_device=args.stream_device,
         api_key=os.environ.get(args.api_key_env) or None,
         cors_origins=tuple(getattr(args, "cors_origin", ())),
         threads=args.threads,
@@ -164,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         inference_device(config.device)
+        inference_device(config.stream_device, "--stream-device")
         check_config(config)  # fail now, not in the background, for a missing model or file
     except (CheckpointError, ValueError) as exc:
         print(f"enhance-server: {exc}", file=sys.stderr)

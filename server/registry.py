@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import threading
@@ -29,6 +30,15 @@ class LoadedModel:
     source: str  # "bundled" or "file"
     stream_backend: Any = None  # runs WebSocket streams' steps, shared by all streams (None: PyTorch)
     stream_backend_name: str = "pytorch"  # which one (enhance.backends names, 'auto' resolved)
+    stream_model: Any = None  # the model streams run: a copy on --stream-device when that is not --device
+
+    @property
+    def streaming_model(self) -> Any:
+        return self.stream_model if self.stream_model is not None else self.checkpoint.model
+
+    @property
+    def stream_device(self) -> str:
+        return str(next(self.streaming_model.parameters()).device)
 
     @property
     def competition_blocks(self) -> list[int]:
@@ -87,10 +97,14 @@ def load_models(config: ServerConfig) -> dict[str, LoadedModel]:
         if name in loaded:
             raise CheckpointError(f"two models are named '{name}' (give one an alias: ALIAS=PATH)")
         ck.model.eval()
+        stream_model = None
+        if torch.device(config.stream_device) != torch.device(config.device):
+            stream_model = copy.deepcopy(ck.model).to(config.stream_device).eval()
+        streams = stream_model if stream_model is not None else ck.model
         kind = config.stream_backend
         try:
-            kind = resolve_backend(ck.model, config.stream_backend)  # 'auto' resolved, for /v1/models
-            backend = streaming_backend(ck.model, kind, threads=torch.get_num_threads())
+            kind = resolve_backend(streams, config.stream_backend)  # 'auto' resolved, for /v1/models
+            backend = streaming_backend(streams, kind, threads=torch.get_num_threads())
         except Exception as exc:  # only streams need it: 'auto' falls back to PyTorch, a named one must work
             if config.stream_backend != "auto":
                 raise CheckpointError(
@@ -98,7 +112,7 @@ def load_models(config: ServerConfig) -> dict[str, LoadedModel]:
                 ) from None
             log.warning("model '%s': no %s step (%s); streams run on PyTorch", name, kind, exc)
             backend, kind = None, "pytorch"
-        loaded[name] = LoadedModel(name, ck, source, backend, kind)
+        loaded[name] = LoadedModel(name, ck, source, backend, kind, stream_model)
 
     for name in config.model_specs:
         add(name, load_pretrained(name, device=config.device), "bundled")

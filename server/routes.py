@@ -326,6 +326,7 @@ async def list_models(request: Request) -> ModelsResponse:
                 competition_blocks=lm.competition_blocks,
                 latency_ms=lm.latency_ms,
                 stream_backend=lm.stream_backend_name,
+                stream_device=lm.stream_device,
             )
             for lm in store.models.values()
         ]

@@ -79,6 +79,10 @@ class ModelInfo(BaseModel):
         description="what runs this model's WebSocket streams (enhance-server --stream-backend, 'auto' resolved)",
         examples=["native"],
     )
+    stream_device: str = Field(
+        description="where this model's WebSocket streams run (enhance-server --stream-device)",
+        examples=["cpu"],
+    )
 
 
 class ModelsResponse(BaseModel):

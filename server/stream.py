@@ -310,7 +310,7 @@ async def _serve(ws: WebSocket, start: StreamStart) -> str:
         lm = state.store.get(start.model, cfg.retry_after_s)
     except ApiError as exc:
         raise StreamError(exc.code, exc.message, TRY_LATER if exc.status == 503 else POLICY) from None
-    engine = StreamingEnhancer(lm.checkpoint.model, start.channels, backend=lm.stream_backend)
+    engine = StreamingEnhancer(lm.streaming_model, start.channels, backend=lm.stream_backend)
     session = Session(engine, start)
     limit = int(cfg.max_stream_s * start.sample_rate)
     # a 1-s dry run of the resamplers the first time a rate is seen (cached): not on the event loop

@@ -135,6 +135,7 @@ def test_health_ready_and_models(client: httpx.Client) -> None:
     assert models[0]["competition_blocks"] == [2] and models[0]["n_mechanisms"] == 2
     assert models[0]["latency_ms"] == 48.0 and models[0]["sample_rate"] == 16000
     assert models[0]["stream_backend"] == "native"  # auto, resolved (a C compiler is here)
+    assert models[0]["stream_device"] == "cpu"
     assert "path" not in json.dumps(models)  # server paths are not shown
 
 
@@ -751,6 +752,30 @@ def test_stream_with_another_backend(checkpoint: Path, model: Enhancer, backend:
     assert done == {"type": "done", "samples": x.shape[0]}
     y = np.frombuffer(out, "<f4").reshape(-1, 1)
     assert np.abs(y - _offline(model, x, 16000)).max() <= 1e-5
+
+
+def test_streams_on_another_device_run_a_copy_of_the_model(checkpoint: Path, model: Enhancer) -> None:
+    """--stream-device other than --device (the CPU for streams while POSTs run on a GPU; checked on CUDA by
+    bench/bench_device.py): streams run a copy of the model on that device, with the backend made for the copy, and
+    give the samples of the model itself. Here 'cpu:0' stands in for the other device."""
+    from server.registry import load_models
+
+    config = ServerConfig(checkpoints=(str(checkpoint),), threads=1, stream_device="cpu:0")
+    lm = next(iter(load_models(config).values()))
+    assert lm.streaming_model is not lm.checkpoint.model and not lm.streaming_model.training
+    assert lm.stream_backend is not None and lm.stream_backend.model is lm.streaming_model
+    same = next(iter(load_models(dataclasses.replace(config, stream_device="cpu")).values()))
+    assert same.streaming_model is same.checkpoint.model  # no copy when the devices are the same
+    with run_server(config) as srv:
+        assert httpx.get(f"{srv.url}/v1/models").json()["models"][0]["stream_device"] == "cpu"
+        x = noisy(1.1, 16000, 1, seed=5)
+        out, _ = _stream(
+            srv,
+            x.astype("<f4").tobytes(),
+            {"sample_rate": 16000, "channels": 1, "format": "f32le"},
+            [4 * 700],
+        )
+    assert np.abs(np.frombuffer(out, "<f4").reshape(-1, 1) - _offline(model, x, 16000)).max() <= 1e-5
 
 
 def test_stream_backend_when_the_model_cannot_be_traced(tmp_path: Path) -> None:
@@ -1462,6 +1487,7 @@ def test_enhance_server_command(checkpoint: Path, tmp_path: Path) -> None:
         ),
         # it started "healthy" and answered every request 503 model_unavailable
         (["--device", "gpu"], "enhance-server: --device gpu: use cpu, cuda or cuda:N (or mps)"),
+        (["--stream-device", "gpu"], "enhance-server: --stream-device gpu: use cpu, cuda or cuda:N (or mps)"),
         *(
             []
             if torch.cuda.is_available()
