@@ -452,6 +452,37 @@ def _check_codec(fmt: str, subtype: str | None, rate: int, channels: int) -> Non
         raise AudioError(problem)
 
 
+# integer PCM subtypes and their bits
+PCM_BITS = {"PCM_S8": 8, "PCM_U8": 8, "PCM_16": 16, "PCM_24": 24, "PCM_32": 32}
+_PCM_BLOCK = 1 << 16  # frames converted at a time (bounds the float temporary)
+
+
+def pcm_frames(frames: np.ndarray, fmt: str, subtype: str | None) -> np.ndarray:
+    """``[frames, channels]`` float samples as soundfile should get them for ``fmt``/``subtype`` (None: the
+    container's default): for an integer PCM subtype, integers rounded to the nearest step of that subtype and
+    clipped to its range, which soundfile writes exactly (int16 for 8 and 16 bits, the 8-bit value in the top byte;
+    int32 for 24 and 32 bits, the 24-bit value in the top three bytes); other subtypes unchanged. libsndfile
+    (1.2.2) converts float to 16- and 24-bit WAV and AIFF by rounding down (0.7 of a step to 0, -0.3 to -1: a
+    half-step offset and 4x the rounding error's power), though it rounds FLAC; the raw pipe and the WebSocket
+    stream round, so now every output does."""
+    bits = PCM_BITS.get(subtype or sf.default_subtype(fmt) or "")
+    if bits is None:
+        return np.ascontiguousarray(frames)
+    x = np.asarray(frames)
+    wide = bits > 16
+    out = np.empty(x.shape, np.int32 if wide else np.int16)
+    full, shift = float(1 << (bits - 1)), (32 if wide else 16) - bits
+    calc = np.float64 if bits == 32 else np.float32  # float32 holds every 24-bit step exactly
+    for i in range(0, len(x), _PCM_BLOCK):
+        y = np.multiply(x[i : i + _PCM_BLOCK], full, dtype=calc)
+        np.round(y, out=y)
+        np.clip(y, -full, full - 1, out=y)
+        out[i : i + _PCM_BLOCK] = y
+    if shift:
+        out <<= shift
+    return out
+
+
 def save_audio(
     path: str | os.PathLike[str],
     wav: np.ndarray,
@@ -463,7 +494,7 @@ def save_audio(
     """Write ``[channels, samples]`` float audio atomically (temp file + rename).
 
     ``format``/``subtype`` default to what the file extension implies (libsndfile's defaults). Integer subtypes
-    are clipped to [-1, 1] by libsndfile.
+    are rounded to their nearest step and clipped to [-1, 1] (:func:`pcm_frames`).
     """
     fmt, implied = (format, None) if format else output_format(path)
     subtype = subtype or implied
@@ -471,7 +502,7 @@ def save_audio(
         subtype = None  # e.g. VORBIS -> WAV: fall back to the container's default
     _check_codec(fmt, subtype, sample_rate, wav.shape[0])
     with atomic_path(path) as tmp:
-        sf.write(fs_path(tmp), np.ascontiguousarray(wav.T), sample_rate, format=fmt, subtype=subtype)
+        sf.write(fs_path(tmp), pcm_frames(wav.T, fmt, subtype), sample_rate, format=fmt, subtype=subtype)
 
 
 def encode_audio(
@@ -482,7 +513,7 @@ def encode_audio(
         subtype = None
     _check_codec(format, subtype, sample_rate, wav.shape[0])
     buf = io.BytesIO()
-    sf.write(buf, np.ascontiguousarray(wav.T), sample_rate, format=format, subtype=subtype)
+    sf.write(buf, pcm_frames(wav.T, format, subtype), sample_rate, format=format, subtype=subtype)
     return buf.getvalue()
 
 

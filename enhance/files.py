@@ -38,6 +38,7 @@ from enhance.audio_io import (
     nearest_existing,
     open_audio,
     output_format,
+    pcm_frames,
     read_blocks,
     read_info,
     sample_value_error,
@@ -189,7 +190,7 @@ def enhance_stream(
 
             def write(y: np.ndarray) -> None:
                 try:
-                    fout.write(y)
+                    fout.write(pcm_frames(y, fmt, subtype))
                 except sf.LibsndfileError as exc:  # the disk, not the input (this said "corrupt audio data")
                     raise AudioError(
                         f"{name}: writing the output failed ({_first_line(exc).rstrip('.')}: a full disk, or a "

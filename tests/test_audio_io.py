@@ -9,7 +9,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from enhance.audio_io import AudioError, load_audio, read_info, resample, save_audio
+from enhance.audio_io import AudioError, encode_audio, load_audio, read_info, resample, save_audio
 from enhance.offline import enhance_audio, enhance_waveform
 from models import Enhancer, get_config
 from tests.conftest import flac_without_length, speech_like
@@ -40,6 +40,35 @@ def test_load_save_keeps_rate_channels_and_samples(
     )
     assert np.abs(back - wav).max() < 1e-4
     assert stat.S_IMODE(path.stat().st_mode) & 0o044  # readable by others like a normally created file
+
+
+# steps of the subtype: below half a step, above it, negative ones, beyond full scale
+STEPS = np.array([0.7, 0.3, -0.3, -0.7, 2.2, -2.6, 1e9, -1e9])
+
+
+@pytest.mark.parametrize(
+    "fmt,subtype,bits",
+    [("WAV", "PCM_16", 16), ("WAV", None, 16), ("AIFF", "PCM_16", 16), ("FLAC", "PCM_16", 16),
+     ("WAV", "PCM_24", 24), ("FLAC", "PCM_24", 24), ("WAV", "PCM_32", 32), ("WAV", "PCM_U8", 8),
+     ("AIFF", "PCM_S8", 8)],
+)  # fmt: skip
+def test_integer_outputs_are_rounded_to_the_nearest_step(
+    tmp_path: Path, fmt: str, subtype: str | None, bits: int
+) -> None:
+    """libsndfile 1.2.2 turns float into 16- and 24-bit WAV and AIFF by rounding down (0.7 of a step became 0 and
+    -0.3 became -1), FLAC by rounding: every writer here now rounds, as the raw pipe and the WebSocket stream do."""
+    full = 2.0 ** (bits - 1)
+    x = np.clip(STEPS / full, -1e3, 1e3).astype(np.float32)[None]
+    expected = np.clip(np.round(STEPS), -full, full - 1)
+    for how in ("save_audio", "encode_audio"):
+        if how == "save_audio":
+            path = tmp_path / f"a.{fmt.lower()}"
+            save_audio(path, x, 16000, format=fmt, subtype=subtype)
+            data = path.read_bytes()
+        else:
+            data = encode_audio(x, 16000, format=fmt, subtype=subtype)
+        back, _ = sf.read(io.BytesIO(data), dtype="float64")
+        assert np.array_equal(np.round(back * full), expected), (how, back * full)
 
 
 def test_codecs_read_only_sequentially_are_loaded(tmp_path: Path) -> None:
