@@ -193,7 +193,7 @@ def main() -> int:
     ap.add_argument(
         "--min-snr", type=float, default=60.0, help="float paths: least SNR of the difference (dB)"
     )
-    ap.add_argument("--max-lsb", type=int, default=2, help="16-bit files: largest difference (LSB)")
+    ap.add_argument("--max-lsb", type=int, default=1, help="16-bit files: largest difference (LSB)")
     ap.add_argument("--no-server", action="store_true", help="skip the enhance-server rows")
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/device.md")
     args = ap.parse_args()

@@ -46,7 +46,7 @@ class ServerConfig:
     # what runs streams' steps (enhance.backends): one per model, shared by its streams
     stream_backend: str = "auto"
     # where streams run: the CPU by default also when ``device`` is a GPU (a 16-ms hop is a few hundred small
-    # kernels: on an H200 a hop took 6.4 ms against 1.5 for the C step on one core, bench/results/device-cuda.md)
+    # kernels: on an H200 a hop took 5.6-6.5 ms against 1.3-1.5 for the C step on one core, bench/results/device-cuda.md)
     stream_device: str = "cpu"
     load_in_background: bool = True  # serve /healthz (and 503 on /readyz) while the model loads
 
