@@ -1,7 +1,8 @@
 """Streaming speed by chunk size and backend: which backend to pick for which caller.
 
     python bench/bench_chunk_sizes.py [--model default | --checkpoint PATH] [--seconds 10] [--rounds 3]
-        [--backends pytorch,torchscript,native,native-fp16,native-int8,onnxruntime,onnxruntime-int8]
+        [--backends pytorch,torchscript,torchscript-int8,native,native-fp16,native-int8,onnxruntime,
+                    onnxruntime-int8]
 
 The streaming engine runs the same audio fed in chunks of 256 (one 16 ms hop), 512, 800, 1600, 4800 and 16000
 samples, once per backend (``enhance.backends``), on one CPU thread in this process, after an untimed warm-up.
@@ -43,6 +44,7 @@ CHUNKS = (256, 512, 800, 1600, 4800, 16000)
 BACKENDS = (
     "pytorch",
     "torchscript",
+    "torchscript-int8",
     "native",
     "native-fp16",
     "native-int8",
@@ -113,7 +115,8 @@ def main() -> int:
         f"{cpu_summary()}, {time.strftime('%Y-%m-%d')}. "
         f"Command: `{command_line()}`. Load average before the run: {load_before:.2f}. "
         "Real-time factor, the fastest of the alternating passes; in brackets, relative to TorchScript. "
-        "onnxruntime-int8 is not the float output (bench/bench_int8.py).\n\n"
+        "torchscript-int8, native-fp16, native-int8 and onnxruntime-int8 are not the float output "
+        "(bench/bench_int8.py).\n\n"
         "| chunk (samples) | chunk (ms) | " + " | ".join(f"RTF {b}" for b in names) + " |\n"
         "|---|---|"
         + "---|" * len(names)

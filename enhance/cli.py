@@ -854,8 +854,16 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             signal.signal(hangup, handler)
     results = _run_all(ck, targets, maps, args, progress, backend, say)
     if args.json:
+        model_info: dict[str, Any] = {"name": ck.name, "training": ck.training}
+        if not args.checkpoint:  # a bundled model: its card has what was measured since its export
+            model_info["card"] = str(pretrained_path(args.model).with_suffix(".md"))
+        if isinstance(ck.training, dict) and "evaluation" in ck.training:
+            model_info["evaluation_note"] = (
+                "training.evaluation was measured when these weights were exported; the signal path may have "
+                "changed since (a bundled model's card holds later measurements)"
+            )
         out = {
-            "model": {"name": ck.name, "training": ck.training},
+            "model": model_info,
             "files": [r.summary() for r in results],
             "ok": sum(r.ok for r in results),
             "failed": sum(not r.ok for r in results),

@@ -208,8 +208,24 @@ def analyze_upload(
     }
 
 
+NO_MATPLOTLIB = (
+    "drawing PNG maps needs matplotlib on the server (pip install 'tim-enhance[viz]'); without format=png "
+    "(and without Accept: image/png) the maps come back as JSON"
+)
+
+
+def _matplotlib_missing() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
 def analyze_png(lm: LoadedModel, data: bytes, info: AudioInfo, name: str, limits: Limits, job: Job) -> bytes:
     """The competition maps drawn under the input's spectrogram (``enhance.competition_map``'s figure)."""
+    if _matplotlib_missing():  # before the model runs, and with the API's alternative, not the CLI's (.npz)
+        raise ApiError(406, "png_unavailable", NO_MATPLOTLIB)
     _, result = _enhance_with_maps(lm, data, info, name, job, limits)
     if not result.competition:
         raise ApiError(422, "no_competition", f"model '{lm.name}' has no TIM competition to draw")
@@ -219,6 +235,6 @@ def analyze_png(lm: LoadedModel, data: bytes, info: AudioInfo, name: str, limits
         try:
             with _PLOT_LOCK:
                 save_competition_map(str(target), result.competition, lm.checkpoint, data, name)
-        except ValueError as exc:  # matplotlib missing
-            raise ApiError(406, "png_unavailable", _reason(exc, name)) from None
+        except ValueError:  # matplotlib missing (checked above; it could fail to import here all the same)
+            raise ApiError(406, "png_unavailable", NO_MATPLOTLIB) from None
         return target.read_bytes()

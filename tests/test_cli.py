@@ -20,7 +20,7 @@ import torch
 from enhance.audio_io import load_audio
 from enhance.offline import enhance_audio
 from models import Enhancer, get_config, load_checkpoint, save_checkpoint
-from models.pretrained import load_pretrained
+from models.pretrained import load_pretrained, pretrained_path
 from tests.conftest import ROOT, speech_like
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -321,6 +321,14 @@ def test_json_quiet_version_help(tmp_path: Path, ckpt: str) -> None:
     summary = json.loads(proc.stdout)
     f = summary["files"][0]
     assert f["ok"] and f["sample_rate"] == 16000 and f["duration_s"] == 0.5 and f["output"].endswith("o.wav")
+    assert "card" not in summary["model"]  # a checkpoint file has no card
+    # the bundled model's scores in its metadata are from its export, before later signal-path changes: said so
+    bundled = json.loads(cli(str(src), "-o", str(tmp_path / "o2.wav"), "--json", "-q").stdout)["model"]
+    assert Path(bundled["card"]) == pretrained_path().with_suffix(".md") and Path(bundled["card"]).is_file()
+    assert (
+        "evaluation" in bundled["training"]
+        and "when these weights were exported" in bundled["evaluation_note"]
+    )
     quiet = cli(str(src), "-o", str(tmp_path / "o3.wav"), "--checkpoint", ckpt, "--quiet")
     assert quiet.returncode == 0 and quiet.stderr == b"" and quiet.stdout == b""
     assert cli("--version").stdout.decode().startswith("enhance-cli ")

@@ -514,6 +514,18 @@ def test_analyze_png(client: httpx.Client, query: str, accept: str | None) -> No
     assert resp.content.startswith(b"\x89PNG\r\n\x1a\n") and len(resp.content) > 5000
 
 
+def test_analyze_png_without_matplotlib_says_json_works(
+    client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server installed with [serve] only (no matplotlib; here its import made to fail in this process) answers
+    406 with what the API offers instead (JSON), not the CLI's .npz; and JSON still works."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    body = {"content": wav_bytes(noisy(1.0), 16000), "headers": {"Content-Type": WAV}}
+    err = _error(client.post("/v1/analyze?format=png", **body), 406, "png_unavailable")
+    assert "tim-enhance[viz]" in err["message"] and "JSON" in err["message"] and ".npz" not in err["message"]
+    assert client.post("/v1/analyze", **body).json()["blocks"]
+
+
 # ---------- WS /v1/stream ----------
 
 
