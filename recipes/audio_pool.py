@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,8 +127,10 @@ def scan(
     sample_rate: int = 16000,
     min_seconds: float = 0.5,
     silence_peak: float = SILENCE_PEAK,
+    shown: Mapping[str, str] | None = None,
 ) -> AudioPool:
-    """Check files and keep the usable ones; every other file is listed in ``pool.skipped`` with the reason."""
+    """Check files and keep the usable ones; every other file is listed in ``pool.skipped`` with the reason.
+    ``shown``: the name the log gives a path (VoiceBank's 16-kHz cache copies are logged as the corpus' files)."""
     pool = AudioPool([], [], sample_rate)
     min_frames = int(min_seconds * sample_rate)
     for path in paths:
@@ -138,7 +140,7 @@ def scan(
             pool.frames.append(sf.info(fs_path(path)).frames)
         else:
             pool.skipped.append(Skipped(path, reason))
-            log.warning("skipping %s: %s", path, reason)
+            log.warning("skipping %s: %s", (shown or {}).get(path, path), reason)
     return pool
 
 

@@ -267,11 +267,11 @@ def _voicebank(cfg: DataConfig, seed: int) -> RecipeData:
         raise ValueError(f"need more speakers than the {len(val_speakers)} held out for validation")
     train_pairs = [p for p in pairs if p[0].split("_")[0] not in val_speakers]
     val_pairs = [p for p in pairs if p[0].split("_")[0] in val_speakers]
-    noisy_pool = scan([p[1] for p in train_pairs], 16000, cfg.min_seconds)
-    clean_pool = scan([p[2] for p in train_pairs], 16000, cfg.min_seconds)
-    # reported by the corpus' names, not the cache's
+    # reported (in the log and skipped.txt) by the corpus' names, not the cache's
     source = {n16: str(noisy_dir / name) for name, n16, _ in train_pairs}
     source.update({c16: str(clean_dir / name) for name, _, c16 in train_pairs})
+    noisy_pool = scan([p[1] for p in train_pairs], 16000, cfg.min_seconds, shown=source)
+    clean_pool = scan([p[2] for p in train_pairs], 16000, cfg.min_seconds, shown=source)
     skipped += [Skipped(source[s.path], s.reason) for s in noisy_pool.skipped + clean_pool.skipped]
     good_noisy, good_clean = set(noisy_pool.paths), set(clean_pool.paths)
     keep = [p for p in train_pairs if p[1] in good_noisy and p[2] in good_clean]

@@ -174,7 +174,7 @@ def discover_pairs(root: str | os.PathLike[str]) -> Discovery:
     """
     base = Path(root)
     if not base.is_dir():
-        raise ValueError(f"{base}: not a directory")
+        raise ValueError(f"{base}: {'not a folder' if base.exists() else 'no such folder'}")
     if any(_has_dirs(base / sub, "noisy", "clean") for sub in _DNS_SUBDIRS):
         return dns_pairs(base)
     if _has_dirs(base, "noisy_testset_wav", "clean_testset_wav"):

@@ -33,10 +33,17 @@ from typing import Any
 from models.checkpoint import CheckpointError
 from models.config_io import from_dict, to_dict
 from recipes import run_folder
-from recipes.trainer import RESUME_OVERRIDES, RunConfig, Trainer, config_changes, saved_run_config
+from recipes.trainer import (
+    DATA_LOCATIONS,
+    RESUME_OVERRIDES,
+    RunConfig,
+    Trainer,
+    config_changes,
+    saved_run_config,
+)
 
 # the flags --resume may change, as the help and the refusal name them
-RESUME_FLAGS = ", ".join("--" + k.replace("_", "-") for k in RESUME_OVERRIDES)
+RESUME_FLAGS = ", ".join("--" + k.replace("_", "-") for k in (*RESUME_OVERRIDES, *DATA_LOCATIONS))
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -67,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help=f"continue the run in --out with its saved config; only {RESUME_FLAGS} may change (--epochs: to "
-        "extend a finished run)",
+        "extend a finished run; the data's folders: a corpus moved elsewhere, checked to hold the same files)",
     )
     g = p.add_argument_group("overrides")
     g.add_argument("--model", help="model config name (transformer, tim-nocomp, tim, tim4, tiny, ...)")
@@ -157,6 +164,11 @@ def read_config(name: str) -> dict[str, Any]:
         raise ValueError(f"{p}: not a text file (a JSON config is UTF-8 text)") from None
     except IsADirectoryError:
         raise ValueError(f"{p}: is a folder, not a JSON config file") from None
+    except FileNotFoundError:
+        raise ValueError(
+            f"--config {name}: no such file (nor {CONFIG_DIR / p.name}; the bundled ones: "
+            f"{', '.join(sorted(c.name for c in CONFIG_DIR.glob('*.json')))})"
+        ) from None
     if not isinstance(data, dict):
         raise ValueError(f"{p}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -241,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
             ignored = [
                 "--" + k.replace("_", "-")
                 for k, v in vars(args).items()
-                if k not in (*RESUME_OVERRIDES, "out", "resume") and v not in (None, [], False)
+                if k not in (*RESUME_OVERRIDES, *DATA_LOCATIONS, "out", "resume")
+                and v not in (None, [], False)
             ]
             # the saved run with this command line on top: the run's own command again with --resume added is
             # fine; flags (or --config files) that would change what it computes are refused
@@ -255,13 +268,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"--resume continues the saved run as it was configured; {', '.join(ignored)} would change "
                     f"it ({shown}); only {RESUME_FLAGS} can change"
                 )
-            # Where and how fast a run executes may change between sessions (a GPU machine, fewer cores), by
-            # flag or --config file; what it computes may not.
+            # Where and how fast a run executes may change between sessions (a GPU machine, fewer cores), and
+            # where its data is (the trainer checks it is the same data), by flag or --config file; what it
+            # computes may not.
             cfg = dataclasses.replace(
                 cfg,
                 train=dataclasses.replace(
                     cfg.train, **{k: getattr(given.train, k) for k in RESUME_OVERRIDES}
                 ),
+                data=dataclasses.replace(cfg.data, **{k: getattr(given.data, k) for k in DATA_LOCATIONS}),
             )
         else:
             cfg = resolve(args)
@@ -279,7 +294,13 @@ def main(argv: list[str] | None = None) -> int:
         KeyError,
         CheckpointError,
     ) as exc:
-        print(f"tim-train: error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
+        text = f"{exc.args[0] if isinstance(exc, KeyError) else exc}"
+        if args.resume and isinstance(exc, FileNotFoundError) and "no such folder" in text:
+            text += (
+                " (the run's data folders, as its config.json gives them; a corpus moved elsewhere: give its "
+                "folders again with --speech/--noise/--val-pairs or --root)"
+            )
+        print(f"tim-train: error: {text}", file=sys.stderr)
         return 2
     # a full disk, a folder this user cannot read or write: no traceback, and what next
     except OSError as exc:

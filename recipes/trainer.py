@@ -8,7 +8,8 @@ have. With a weight average, validation (and so the lr schedule and the choice o
 checkpoints use the average; the raw weights live in ``state.pt`` only.
 
 Distributed: under ``torchrun`` (``WORLD_SIZE > 1``) each of the W processes takes every W-th example of each
-global batch (so the global batch stays ``batch_size``), gradients are averaged by DDP, rank 0 validates and writes.
+global batch (so the global batch stays ``batch_size``), gradients are averaged by DDP, rank 0 validates and writes;
+``state.pt`` holds every rank's random generators, so a resume with the same number of processes is exact too.
 """
 
 from __future__ import annotations
@@ -203,6 +204,16 @@ class Distributed:
     def barrier(self) -> None:
         if self.active:
             dist.barrier()
+
+    def gather_bytes(self, data: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
+        """Every rank's uint8 tensor of the same length (as CPU tensors, in rank order), to all ranks; through a
+        tensor collective on ``device``, which NCCL needs (object collectives want a current CUDA device)."""
+        if not self.active:
+            return [data]
+        local = data.to(device)
+        out = [torch.empty_like(local) for _ in range(self.world)]
+        dist.all_gather(out, local)
+        return [t.cpu() for t in out]
 
 
 def cfg_seed_for(seed: int, rank: int, step: int) -> int:
@@ -430,15 +441,7 @@ class Trainer:
             metrics = self.run_dir / "metrics.csv"
             if self.dist.is_main and metrics.is_file():
                 run_folder.truncate_csv(metrics, lambda row: int(row["epoch"]) <= self.pos.epoch)
-            torch.set_rng_state(saved["rng"]["torch"])  # rank 0's; other ranks draw fresh masks:
-            if self.dist.rank > 0:
-                torch.manual_seed(cfg_seed_for(self.cfg.train.seed, self.dist.rank, self.pos.global_step))
-            if torch.cuda.is_available() and saved["rng"].get("cuda") is not None:
-                torch.cuda.set_rng_state_all(saved["rng"]["cuda"])
-                if self.dist.rank > 0:  # rank 0 saved only its own stream: others draw fresh ones here too
-                    torch.cuda.manual_seed(
-                        cfg_seed_for(self.cfg.train.seed, self.dist.rank, self.pos.global_step)
-                    )
+            self._restore_rng(saved["rng"])
         elif self.resume:
             raise FileNotFoundError(f"{state_path}: nothing to resume")
         else:  # files of an earlier run with no state to continue it: this run's metrics would follow its rows
@@ -483,8 +486,40 @@ class Trainer:
                 env["earlier"] = [*previous.pop("earlier", []), previous]
         run_folder.write_json(path, env)
 
+    def _rng_bytes(self) -> torch.Tensor:
+        """This rank's generators (CPU, and its CUDA device's) as one uint8 tensor."""
+        parts = [torch.get_rng_state()]
+        if self.device.type == "cuda":
+            parts.append(torch.cuda.get_rng_state(self.device))
+        return torch.cat(parts)
+
+    def _set_rng_bytes(self, state: torch.Tensor) -> None:
+        n_cpu = torch.get_rng_state().numel()
+        torch.set_rng_state(state[:n_cpu].clone())
+        if self.device.type == "cuda":
+            torch.cuda.set_rng_state(state[n_cpu:].clone(), self.device)
+
+    def _restore_rng(self, saved: dict[str, Any]) -> None:
+        ranks = saved.get("ranks")
+        if ranks is not None and len(ranks) == self.dist.world:  # DDP, same world: every rank's own
+            self._set_rng_bytes(ranks[self.dist.rank])
+            return
+        # one process; or DDP saved before session 33 or with another world size: rank 0's generators, and the
+        # other ranks draw fresh masks (close to the uninterrupted run, not equal)
+        torch.set_rng_state(saved["torch"])
+        if self.dist.rank > 0:
+            torch.manual_seed(cfg_seed_for(self.cfg.train.seed, self.dist.rank, self.pos.global_step))
+        if torch.cuda.is_available() and saved.get("cuda") is not None:
+            torch.cuda.set_rng_state_all(saved["cuda"])
+            if self.dist.rank > 0:  # rank 0 saved only its own stream: others draw fresh ones here too
+                torch.cuda.manual_seed(
+                    cfg_seed_for(self.cfg.train.seed, self.dist.rank, self.pos.global_step)
+                )
+
     def _save_state(self) -> None:
         self._check_weights()  # every rank holds the same weights: all stop alike
+        # under DDP every rank's generators (its dropout masks), so that a resume goes on exactly on every rank
+        ranks = self.dist.gather_bytes(self._rng_bytes(), self.device) if self.dist.active else None
         if not self.dist.is_main:
             return
         state = {
@@ -499,6 +534,7 @@ class Trainer:
             "rng": {
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                **({"ranks": ranks} if ranks is not None else {}),
             },
         }
         run_folder.save_state(self.run_dir / "state.pt", state)
@@ -753,6 +789,10 @@ RUNTIME_FIELDS = ("device", "threads", "num_workers", "time_budget_minutes")
 # ... and "epochs", which only says where the run stops (no schedule depends on it): a finished run can be
 # extended, and equals a run started with the larger number.
 RESUME_OVERRIDES = (*RUNTIME_FIELDS, "epochs")
+# where the data is (data.*): a corpus moved to another folder or machine may be given again on --resume; the
+# data's fingerprint (recipes.audio_pool.content_fingerprint: file names, sizes and ends, not folders) then checks
+# that it is the same data
+DATA_LOCATIONS = ("root", "speech", "noise", "val_pairs", "cache_dir")
 
 
 def _differences(then: Any, now: Any, where: str = "") -> list[str]:
@@ -774,4 +814,5 @@ def config_changes(then: RunConfig, now: RunConfig) -> list[str]:
 
 def _without_runtime(config: dict[str, Any]) -> dict[str, Any]:
     train = {k: v for k, v in config.get("train", {}).items() if k not in RESUME_OVERRIDES}
-    return {**config, "train": train}
+    data = {k: v for k, v in config.get("data", {}).items() if k not in DATA_LOCATIONS}
+    return {**config, "train": train, "data": data}

@@ -126,7 +126,7 @@ def test_command_errors_are_messages_and_a_bad_file_is_skipped(tmp_path: Path, c
     assert main(["--checkpoint", missing, "--pairs", str(tmp_path / "dev"), "--out", out]) == 2
     assert capsys.readouterr().err == f"analyze_competition: error: {missing}: no such checkpoint file\n"
     assert main(["--checkpoint", str(ck), "--pairs", str(tmp_path / "nowhere"), "--out", out]) == 2
-    assert capsys.readouterr().err == f"analyze_competition: error: {tmp_path / 'nowhere'}: not a directory\n"
+    assert capsys.readouterr().err == f"analyze_competition: error: {tmp_path / 'nowhere'}: no such folder\n"
     with pytest.raises(SystemExit):  # nan: "0 speech frames", every AUC nan, exit 0
         main(["--checkpoint", str(ck), "--pairs", str(tmp_path / "dev"), "--out", out, "--vad-db", "nan"])
     assert "--vad-db must be a positive number of dB, got nan" in capsys.readouterr().err

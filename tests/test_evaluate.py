@@ -139,8 +139,10 @@ def test_no_known_layout_is_an_error(tmp_path: Path) -> None:
     write(tmp_path / "audio" / "a.wav", tiny_tone())
     with pytest.raises(ValueError, match="no known test-set layout"):
         find_pairs(tmp_path)
-    with pytest.raises(ValueError, match="not a directory"):
+    with pytest.raises(ValueError, match="missing: no such folder"):
         find_pairs(tmp_path / "missing")
+    with pytest.raises(ValueError, match=r"a\.wav: not a folder"):  # a file where a folder was asked for
+        find_pairs(tmp_path / "audio" / "a.wav")
 
 
 def test_nothing_pairs_is_an_error(tmp_path: Path) -> None:

@@ -120,6 +120,7 @@ def test_the_train_command_names_the_bad_setting_and_the_bad_file(tmp_path: Path
         (["folder.json"], f"{tmp_path / 'folder.json'}: is a folder"),
         (["a.json", "b.json"], "config.train: expected an object, got int 5"),
         (["seed.json"], "seed must be >= 0, got -1"),
+        (["nosuch.json"], f"--config {tmp_path / 'nosuch.json'}: no such file (nor "),  # was "[Errno 2] ..."
     ):
         cmd = [sys.executable, "-m", "recipes.train", "--out", str(tmp_path / "r")]
         for name in names:

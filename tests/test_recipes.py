@@ -284,7 +284,9 @@ def test_voicebank_holds_out_two_speakers_and_caches_16k_once(voicebank: VoiceBa
     )
 
 
-def test_voicebank_reports_its_problems_and_resamples_a_replaced_file_again(tmp_path: Path) -> None:
+def test_voicebank_reports_its_problems_and_resamples_a_replaced_file_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The cache served a replaced source's old audio; the held-out speakers' pairs went unchecked (a silent or
     too short one stayed in the set that picks the best checkpoint); a noisy file without a clean twin went
     unreported."""
@@ -303,10 +305,16 @@ def test_voicebank_reports_its_problems_and_resamples_a_replaced_file_again(tmp_
     sf.write(root / "noisy_trainset_28spk_wav" / "p230_009.wav", wav, rate)  # no clean twin
     silent_train = root / "clean_trainset_28spk_wav" / "p239_002.wav"
     sf.write(silent_train, np.zeros(rate), rate)
-    data = build(cfg, seed=0)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        data = build(cfg, seed=0)
     reasons = {Path(s.path).name: s.reason for s in data.skipped}
-    # a training file is named as in the corpus, not as its 16 kHz copy in the cache
+    # a training file is named as in the corpus, not as its 16 kHz copy in the cache: in skipped.txt and the log
     assert [s.reason[:6] for s in data.skipped if s.path == str(silent_train)] == ["silent"], data.skipped
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipping ")]
+    assert f"skipping {silent_train}: silent" in " ".join(logged) and str(tmp_path / "cache") not in str(
+        logged
+    )
     assert reasons["p226_002.wav"] == "the clean side is silent", reasons
     assert reasons["p287_003.wav"].startswith("too short"), reasons
     assert reasons["p230_009.wav"] == "no clean twin", reasons
@@ -624,6 +632,54 @@ def test_resume_takes_the_runs_own_command_again(
     assert "nothing to train" in capsys.readouterr().out
 
 
+def test_resume_follows_a_moved_corpus(
+    resume_runs: ResumeRuns, folders: FolderTree, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A corpus moved to another folder or machine is the same data: --resume takes its folders again and goes on
+    exactly as on the old ones, and config.json then names the new ones. It was refused ("--speech would change
+    it"), and without the flags the old folders were missing. Other data in the new place is still refused."""
+    moved = tmp_path / "moved"
+    for part in (folders.speech, folders.noise, folders.dev):
+        shutil.copytree(part, moved / part.name)
+    here, there = tmp_path / "here", tmp_path / "there"
+    for run in (here, there):
+        shutil.copytree(resume_runs.a, run)
+    new_places = [
+        "--speech",
+        str(moved / "speech"),
+        "--noise",
+        str(moved / "noise"),
+        "--val-pairs",
+        str(moved / "devset"),
+    ]
+    with in_process():
+        assert train_main(["--out", str(here), "--resume", "--epochs", "3"]) == 0
+    with in_process():
+        assert train_main(["--out", str(there), "--resume", "--epochs", "3", *new_places]) == 0
+    a, b = (safetensors.torch.load_file(run / "last.safetensors") for run in (here, there))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    rows = [
+        [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in check_run_folder(run, 3, "folders")]
+        for run in (here, there)
+    ]
+    assert rows[0] == rows[1]
+    data = json.loads((there / "config.json").read_text())["data"]
+    assert data["speech"] == [str(moved / "speech")] and data["val_pairs"] == str(moved / "devset")
+    # a folder that is not there says how to give the moved one
+    capsys.readouterr()
+    with in_process():
+        code = train_main(
+            ["--out", str(there), "--resume", "--epochs", "4", "--speech", str(tmp_path / "gone")]
+        )
+    err = capsys.readouterr().err
+    assert code == 2 and "no such folder" in err and "give its folders again with --speech" in err, err
+    # other files in the new place are other data
+    next(iter(sorted((moved / "speech").rglob("*.wav")))).unlink()
+    with in_process():
+        code = train_main(["--out", str(there), "--resume", "--epochs", "4"])
+    assert code == 2 and "the data changed since the run started" in capsys.readouterr().err
+
+
 def test_a_second_run_in_a_folder_in_use_is_refused(
     resume_runs: ResumeRuns, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -936,6 +992,25 @@ def test_ddp_train_loss_is_the_global_batch_loss(ddp_runs: DDPRuns) -> None:
     """metrics.csv's train_loss under DDP must be the mean over the global batch, as with one process."""
     rows_d, rows_s = metrics(ddp_runs.ddp), metrics(ddp_runs.single)
     assert float(rows_d[0]["train_loss"]) == pytest.approx(float(rows_s[0]["train_loss"]), rel=1e-4)
+
+
+def test_ddp_resume_goes_on_exactly(folders: FolderTree, tmp_path: Path) -> None:
+    """Under DDP, with dropout: a run stopped after epoch 1 and resumed ends at the weights of the run that went on.
+    Only rank 0's generators were saved, so the other rank drew new dropout masks after a resume (a helper saw
+    weights 6.7e-4 apart); state.pt now keeps every rank's."""
+    args = folders_args(folders, "--max-steps-per-epoch", "3")  # the tiny model: dropout 0.1
+    launch = ["-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    run_cli([*launch, "--master_port", str(free_port()), "-m", "recipes.train", *args, "--epochs", "2",
+             "--out", str(whole)], tmp_path)  # fmt: skip
+    run_cli([*launch, "--master_port", str(free_port()), "-m", "recipes.train", *args, "--epochs", "1",
+             "--out", str(resumed)], tmp_path)  # fmt: skip
+    assert len(run_folder.load_state(resumed / "state.pt")["rng"]["ranks"]) == 2
+    run_cli([*launch, "--master_port", str(free_port()), "-m", "recipes.train", "--out", str(resumed), "--resume",
+             "--epochs", "2"], tmp_path)  # fmt: skip
+    a, b = (safetensors.torch.load_file(run / "last.safetensors") for run in (whole, resumed))
+    differ = {k: float((a[k] - b[k]).abs().max()) for k in a if not torch.equal(a[k], b[k])}
+    assert a and not differ, f"the resumed DDP run's weights differ (max abs diff per tensor): {differ}"
 
 
 def test_init_from_starts_with_the_checkpoints_weights(tmp_path: Path) -> None:
@@ -1331,6 +1406,55 @@ def test_gpu_bundle_script_builds_the_carried_folder_and_checks_its_size(tmp_pat
             timeout=CLI_TIMEOUT,
         )
         assert refused.returncode == 2 and "DEV_EVERY must be a positive whole number" in refused.stderr
+
+
+def test_gpu_bundle_takes_fewer_dev_pairs_when_every_4th_does_not_fit(tmp_path: Path) -> None:
+    """DEV_EVERY=auto (the default): every 4th dev pair while that fits under LIMIT_MIB with the tracked tree, else
+    the smallest stride whose pairs fit. The documented command had stopped fitting as the tree grew (62.6 MiB of
+    62 in session 33: a helper's walk-through)."""
+    import math
+
+    from tests.conftest import speech_like
+
+    data, mib = tmp_path / "data", 1024 * 1024
+    for sub in ("speech/train", "noise/train"):
+        (data / sub).mkdir(parents=True)
+        sf.write(data / sub / "f0.flac", speech_like(1.0, seed=1), 16000)
+    rng = np.random.default_rng(0)
+    for kind in ("noisy", "clean"):  # 12 pairs of about 1.3 MiB (white noise: FLAC cannot shrink it)
+        (data / "dev" / kind).mkdir(parents=True)
+        for i in range(12):
+            x = np.clip(0.3 * rng.standard_normal(16000 * 21), -1, 1)
+            sf.write(data / "dev" / kind / f"{i:04d}.flac", x, 16000, subtype="PCM_16")
+    pair = max(
+        sum((data / "dev" / k / f"{i:04d}.flac").stat().st_size for k in ("noisy", "clean"))
+        for i in range(12)
+    )
+    assert 1.1 * mib < pair < 2 * mib
+    env = {**cli_env(), "PYTHON": sys.executable, "NO_WHEELS": "1"}
+
+    def bundle(dest: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+        script = ["bash", str(ROOT / "recipes" / "gpu_bundle.sh"), str(data), str(dest)]
+        return subprocess.run(
+            script, cwd=ROOT, env={**env, **extra}, capture_output=True, text=True, timeout=CLI_TIMEOUT
+        )
+
+    roomy = bundle(tmp_path / "roomy")
+    assert roomy.returncode == 0 and "3 of 12 dev pairs copied (stride 4)" in roomy.stdout, roomy.stderr
+    rest = sum(p.stat().st_size for p in (tmp_path / "roomy/data").rglob("*.ogg"))
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    tree = sum(
+        (ROOT / name).stat().st_size
+        for name in listed.decode().split("\0")
+        if name and (ROOT / name).exists()
+    )
+    # room for two pairs and less than a MiB more (under three pairs): strides 4 and 5 give three, 6 gives two
+    limit = math.ceil((tree + rest + 2 * pair + 0.05 * mib) / mib)
+    tight = bundle(tmp_path / "tight", LIMIT_MIB=str(limit))
+    assert tight.returncode == 0 and "2 of 12 dev pairs copied (stride 6)" in tight.stdout, (
+        tight.stdout + tight.stderr
+    )
+    assert sorted(p.name for p in (tmp_path / "tight/data/dev/clean").iterdir()) == ["0000.flac", "0006.flac"]
 
 
 def test_remote_train_script_runs_a_detached_training_and_hands_back_its_files(
