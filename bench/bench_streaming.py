@@ -161,7 +161,8 @@ def main() -> int:
         "--out",
         type=Path,
         default=ROOT / "bench" / "results" / "streaming.md",
-        help="the table's file (default: the one the README cites; give another for trial runs)",
+        help="the table's file (default: %(default)s, session 13's; the README's table is a dated file of its own, "
+        "so give --out for a new run)",
     )
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
