@@ -63,7 +63,7 @@ def with_mae(
 
 
 def tiny_config(n_mechanisms: int = 2, competition: bool = True, context_frames: int = 4) -> EnhancerConfig:
-    """A ~60k-parameter model with the same structure (3 blocks, block 2 TIM) for fast tests."""
+    """A ~38k-parameter model with the same structure (3 blocks, block 2 TIM) for fast tests."""
     attn = AttentionConfig(d_model=16, n_heads=4, context_frames=context_frames)
     standard = StandardLayerConfig(attention=attn, d_ff=32)
     pre = PreEncoderConfig(channels=(32, 16, 16, 16))
