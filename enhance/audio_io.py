@@ -463,8 +463,8 @@ def pcm_frames(frames: np.ndarray, fmt: str, subtype: str | None) -> np.ndarray:
     clipped to its range, which soundfile writes exactly (int16 for 8 and 16 bits, the 8-bit value in the top byte;
     int32 for 24 and 32 bits, the 24-bit value in the top three bytes); other subtypes unchanged. libsndfile
     (1.2.2) converts float to 16- and 24-bit WAV and AIFF by rounding down (0.7 of a step to 0, -0.3 to -1: a
-    half-step offset and 4x the rounding error's power), though it rounds FLAC; the raw pipe and the WebSocket
-    stream round, so now every output does."""
+    half-step offset and 4x the rounding error's power), though it rounds FLAC. Every integer output goes through
+    here: files, HTTP responses, the raw pipe (``"RAW"``) and the WebSocket stream's s16le."""
     bits = PCM_BITS.get(subtype or sf.default_subtype(fmt) or "")
     if bits is None:
         return np.ascontiguousarray(frames)

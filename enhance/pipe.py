@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from enhance.audio_io import MAX_FLOAT_SAMPLE, AudioError, sample_value_error
+from enhance.audio_io import MAX_FLOAT_SAMPLE, AudioError, pcm_frames, sample_value_error
 from enhance.rate_bridge import RateBridge
 from enhance.streaming import StreamingEnhancer
 from models.enhancer import Enhancer
@@ -55,7 +55,7 @@ def stream_pcm(
         nonlocal written
         y = bridge.from_model(y16, last).T[: max(0, received - written)]
         if dtype is np.int16:
-            out = np.clip(np.round(y * scale), -32768, 32767).astype(np.int16)
+            out = pcm_frames(y, "RAW", "PCM_16")  # rounded as every 16-bit output is
         else:
             out = y.astype(np.float32)
         fout.write(out.tobytes())

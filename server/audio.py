@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from enhance.audio_io import open_audio, read_blocks
+from enhance.audio_io import open_audio, pcm_frames, read_blocks
 from server.errors import ApiError
 
 # output format (query value) -> (libsndfile format, media type, file extension)
@@ -139,7 +139,7 @@ def encode_pcm(wav: np.ndarray, fmt: str) -> bytes:
     """float ``[channels, n]`` -> interleaved little-endian PCM (s16le is clipped to its range)."""
     x = np.ascontiguousarray(wav.T)
     if fmt == "s16le":
-        return np.clip(np.round(x * 32768.0), -32768, 32767).astype("<i2").tobytes()
+        return pcm_frames(x, "RAW", "PCM_16").astype("<i2", copy=False).tobytes()  # rounded as every output is
     return x.astype("<f4").tobytes()
 
 
