@@ -501,11 +501,11 @@ class Trainer:
 
     def _restore_rng(self, saved: dict[str, Any]) -> None:
         ranks = saved.get("ranks")
-        if ranks is not None and len(ranks) == self.dist.world:  # DDP, same world: every rank's own
+        if ranks is not None and len(ranks) == self.dist.world:  # the same number of processes: each its own
             self._set_rng_bytes(ranks[self.dist.rank])
             return
-        # one process; or DDP saved before session 33 or with another world size: rank 0's generators, and the
-        # other ranks draw fresh masks (close to the uninterrupted run, not equal)
+        # saved before session 33, or by another number of processes: rank 0's generators, and the other ranks
+        # draw fresh masks (close to the uninterrupted run, not equal)
         torch.set_rng_state(saved["torch"])
         if self.dist.rank > 0:
             torch.manual_seed(cfg_seed_for(self.cfg.train.seed, self.dist.rank, self.pos.global_step))
@@ -518,8 +518,8 @@ class Trainer:
 
     def _save_state(self) -> None:
         self._check_weights()  # every rank holds the same weights: all stop alike
-        # under DDP every rank's generators (its dropout masks), so that a resume goes on exactly on every rank
-        ranks = self.dist.gather_bytes(self._rng_bytes(), self.device) if self.dist.active else None
+        # every rank's generators (its dropout masks), so that a resume goes on exactly on every rank
+        ranks = self.dist.gather_bytes(self._rng_bytes(), self.device)
         if not self.dist.is_main:
             return
         state = {
@@ -533,8 +533,10 @@ class Trainer:
             "data_fingerprint": self.data.fingerprint,
             "rng": {
                 "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                **({"ranks": ranks} if ranks is not None else {}),
+                "cuda": torch.cuda.get_rng_state_all()
+                if torch.cuda.is_available()
+                else None,  # (read before 33)
+                "ranks": ranks,
             },
         }
         run_folder.save_state(self.run_dir / "state.pt", state)
