@@ -28,22 +28,22 @@ import argparse
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import soundfile as sf
 import torch
-from machine import command_line, cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
+from bench_server import launch_server  # bench/ is on sys.path when run as a script
+from machine import command_line, cpu_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -166,20 +166,8 @@ def hop_times(
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def read16(path: Path) -> np.ndarray:
-    return sf.read(str(path), dtype="int16", always_2d=True)[0].T
-
-
-def post(url: str, body: bytes) -> bytes:
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "audio/wav"}, method="POST")
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        return bytes(resp.read())
+def read16(src: Path | io.BytesIO) -> np.ndarray:
+    return sf.read(src, dtype="int16", always_2d=True)[0].T
 
 
 def main() -> int:
@@ -356,56 +344,32 @@ def main() -> int:
 def server_rows(
     rep: Report, args: argparse.Namespace, env: dict[str, str], model_args: list[str], ref: np.ndarray
 ) -> None:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server.main", "--host", "127.0.0.1", "--port", str(port), "--device", args.device,
-         "--log-level", "warning", *model_args],
-        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/readyz", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-                raise RuntimeError(f"enhance-server did not become ready: {out[-300:]}")
-            time.sleep(0.2)
+        proc, url = launch_server(["--device", args.device, *model_args], {"PYTHONPATH": env["PYTHONPATH"]})
+    except RuntimeError as exc:  # its own words went to stderr
+        rep.error_row("enhance-server", exc)
+        return
+    try:
         body = (ROOT / "examples/noisy.wav").read_bytes()
-        one = sf.read(io.BytesIO(post(f"{url}/v1/enhance", body)), dtype="int16", always_2d=True)[0].T
-        rep.lsb_row("enhance-server POST /v1/enhance", ref, one)
-        results: list[Any] = [None] * 8
+        with httpx.Client(base_url=url, timeout=120) as client:
 
-        def worker(k: int) -> None:
-            try:
-                results[k] = post(f"{url}/v1/enhance", body)
-            except Exception as exc:
-                results[k] = exc
+            def post() -> np.ndarray:
+                resp = client.post("/v1/enhance", content=body, headers={"Content-Type": "audio/wav"})
+                resp.raise_for_status()
+                return read16(io.BytesIO(resp.content))
 
-        threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            rep.error_row("enhance-server, 8 POSTs at once", errors[0])
-        else:
-            outs = [sf.read(io.BytesIO(r), dtype="int16", always_2d=True)[0].T for r in results]
+            rep.lsb_row("enhance-server POST /v1/enhance", ref, post())
+            with ThreadPoolExecutor(8) as pool:  # httpx.Client is thread-safe
+                outs = list(pool.map(lambda _: post(), range(8)))
             worst = max(outs, key=lambda o: lsb(ref, o) if o.shape == ref.shape else 1 << 30)
             rep.lsb_row("enhance-server, 8 POSTs at once (the worst)", ref, worst)
-        with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as r:
-            info = json.load(r)["models"][0]
+            info = client.get("/v1/models").json()["models"][0]
         rep.notes.append(
             f"enhance-server --device {args.device}: streams run on {info['stream_device']} with the "
             f"{info['stream_backend']} backend (/v1/models)"
         )
-        rep.lsb_row("enhance-server WS /v1/stream (20-ms messages)", ref, ws_stream(port, body))
+        ws = url.replace("http://", "ws://")
+        rep.lsb_row("enhance-server WS /v1/stream (20-ms messages)", ref, ws_stream(ws, body))
     except Exception as exc:
         rep.error_row("enhance-server", exc)
     finally:
@@ -416,12 +380,12 @@ def server_rows(
             proc.kill()
 
 
-def ws_stream(port: int, wav_file: bytes) -> np.ndarray:
+def ws_stream(ws_url: str, wav_file: bytes) -> np.ndarray:
     from websockets.sync.client import connect
 
     pcm = sf.read(io.BytesIO(wav_file), dtype="int16")[0].astype("<i2").tobytes()
     out = []
-    with connect(f"ws://127.0.0.1:{port}/v1/stream", open_timeout=30) as ws:
+    with connect(f"{ws_url}/v1/stream", open_timeout=30) as ws:
         ws.send(json.dumps({"sample_rate": 16000, "channels": 1, "format": "s16le"}))
         ready = json.loads(ws.recv(timeout=60))
         if ready.get("type") != "ready":

@@ -95,25 +95,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
+def launch_server(flags: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """``python -m server.main`` on a free port of 127.0.0.1 with ``flags``, once /readyz answers 200; returns
+    the process and its URL. Raises RuntimeError when it exits or is not ready in 180 s."""
     port = free_port()
-    cmd = [sys.executable, "-m", "server.main", "--port", str(port), "--log-level", "warning"]
-    if args.checkpoint:
-        cmd += ["--checkpoint", args.checkpoint]
-    else:
-        cmd += ["--model", args.model]
-    cmd += ["--max-concurrency", str(args.max_concurrency), "--threads", str(args.threads)]
-    cmd += ["--max-queue", str(args.max_queue), "--queue-timeout", str(args.queue_timeout)]
-    cmd += ["--max-streams", str(max(args.streams, 1)), "--max-duration", str(max(600.0, args.audio_seconds))]
-    cmd += ["--stream-backend", args.stream_backend]
-    env = {**os.environ, "ENHANCE_API_KEY": ""}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    cmd = [sys.executable, "-m", "server.main", "--port", str(port), "--log-level", "warning", *flags]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "ENHANCE_API_KEY": "", **(env or {})})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     with httpx.Client(base_url=url, timeout=5) as c:
         while True:
             if proc.poll() is not None:
-                raise SystemExit(f"the server exited with status {proc.returncode}")
+                raise RuntimeError(f"the server exited with status {proc.returncode}")
             try:
                 if c.get("/readyz").status_code == 200:
                     return proc, url
@@ -121,8 +114,25 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str
                 pass
             if time.monotonic() > deadline:
                 proc.kill()
-                raise SystemExit("the server did not become ready in 180 s")
+                raise RuntimeError("the server did not become ready in 180 s")
             time.sleep(0.2)
+
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
+    flags = ["--checkpoint", args.checkpoint] if args.checkpoint else ["--model", args.model]
+    flags += ["--max-concurrency", str(args.max_concurrency), "--threads", str(args.threads)]
+    flags += ["--max-queue", str(args.max_queue), "--queue-timeout", str(args.queue_timeout)]
+    flags += [
+        "--max-streams",
+        str(max(args.streams, 1)),
+        "--max-duration",
+        str(max(600.0, args.audio_seconds)),
+    ]
+    flags += ["--stream-backend", args.stream_backend]
+    try:
+        return launch_server(flags)
+    except RuntimeError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 # ---------- HTTP load ----------
