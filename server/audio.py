@@ -139,7 +139,8 @@ def encode_pcm(wav: np.ndarray, fmt: str) -> bytes:
     """float ``[channels, n]`` -> interleaved little-endian PCM (s16le is clipped to its range)."""
     x = np.ascontiguousarray(wav.T)
     if fmt == "s16le":
-        return pcm_frames(x, "RAW", "PCM_16").astype("<i2", copy=False).tobytes()  # rounded as every output is
+        # rounded as every integer output is
+        return pcm_frames(x, "RAW", "PCM_16").astype("<i2", copy=False).tobytes()
     return x.astype("<f4").tobytes()
 
 
