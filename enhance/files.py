@@ -229,8 +229,8 @@ def enhance_stream(
                     f"file?); the output holds the {decoded} that decode"
                 )
                 frames = decoded
-            if peak == 0.0:
-                raise AudioError(f"{name}: all samples are zero (digital silence), nothing to enhance")
+            if peak == 0.0:  # enhanced like any audio (silence in, silence out), as load_audio takes it
+                warnings.append(f"{name}: all samples are zero (digital silence)")
             tail = bridge.to_model(np.zeros((channels, 0), np.float32), last=True)
             rest = np.concatenate([run(tail), engine.flush()], axis=1)
             emit(rest, last=True)

@@ -77,7 +77,7 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         413: "upload, audio duration or samples (duration x channels x rate) over the limit",
         415: "Content-Type is not multipart/form-data, audio/* or application/octet-stream",
         422: "audio that cannot be enhanced: `unsupported_format` (not a container/codec the server reads: "
-        "convert it, e.g. to WAV), `invalid_audio` (corrupt, zero-length, all-zero, NaN/inf samples), "
+        "convert it, e.g. to WAV), `invalid_audio` (corrupt, zero-length, NaN/inf samples), "
         "`unsupported_output` (the output format cannot hold the input's rate: Ogg Vorbis above 200 kHz, FLAC above 655,350 Hz), "
         "`unknown_parameter` (a query parameter the route does not take: a misspelt name was ignored), "
         "`repeated_parameter` (one given twice), or bad parameter values (`invalid_request`)",

@@ -181,12 +181,20 @@ def test_upload_enhance_and_draw(tmp_path: Path) -> None:
         assert not page.locator("#download-link").is_visible()
         assert page.evaluate("document.getElementById('enhanced-audio').getAttribute('src')") is None
 
-        # digital silence: the server read it and refused it; the page does not re-encode and post it again
+        # digital silence is enhanced like any audio; the server's warning (X-Enhance-Warning) is on the page
         silent = tmp_path / "silent.wav"
         silent.write_bytes(wav_bytes(np.zeros((16000, 1), np.float32), 16000))
-        assert b.upload(silent) == "error"
-        assert "invalid_audio" in b.status(), b.status()
+        assert b.upload(silent) == "done", b.status()
+        assert "Warning: silent: all samples are zero (digital silence)." in b.status(), b.status()
         assert b.posts_to("v1/enhance") == 4
+        # a readable file that cannot be enhanced: the server's error, and the page does not re-encode and post it
+        nan = tmp_path / "nan.wav"
+        x = np.zeros((16000, 1), np.float32)
+        x[100] = np.nan
+        nan.write_bytes(wav_bytes(x, 16000, subtype="FLOAT"))
+        assert b.upload(nan) == "error"
+        assert "invalid_audio" in b.status(), b.status()
+        assert b.posts_to("v1/enhance") == 5
         assert not errors, errors
 
 

@@ -299,6 +299,8 @@ async function run(blob, name) {
       throw new Error(converted ? `${why} (the server could not read the file, so this browser converted it to a ${size} WAV)` : why);
     }
     const seconds = Number(resp.headers.get("X-Processing-Seconds")).toFixed(2);
+    // what the CLI prints as warnings (digital silence, audio that ends before its header's length)
+    const warning = resp.headers.get("X-Enhance-Warning");
     const enhanced = await resp.blob();
     check();
     const url = keepUrl(enhanced);
@@ -322,7 +324,8 @@ async function run(blob, name) {
     const note = await spectra;
     check();
     const how = converted ? " The server could not read the original, so this browser sent it as a 16 kHz WAV (the output is 16 kHz)." : "";
-    setState("done", `Done: ${name} (${analysis.duration_s.toFixed(2)} s) enhanced in ${seconds} s.${how}${note}${stillRecording()}`);
+    const warned = warning ? ` Warning: ${warning}.` : "";
+    setState("done", `Done: ${name} (${analysis.duration_s.toFixed(2)} s) enhanced in ${seconds} s.${warned}${how}${note}${stillRecording()}`);
   } catch (err) {
     if (!isCurrent()) return;  // a newer run (or Cancel) owns the page
     setState("error", `Error: ${errorMessage(err)}${stillRecording()}`);
