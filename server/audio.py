@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 import re
+import secrets
 import unicodedata
 import urllib.parse
 from collections.abc import Iterable
@@ -183,3 +184,28 @@ def safe_stem(filename: str | None, default: str = "audio") -> str:
         return default
     stem = _UNSAFE.sub("_", _client_stem(filename)).strip("._-")[:80]
     return stem or default
+
+
+def multipart_form(parts: list[tuple[str, str, bytes, str | None]]) -> tuple[bytes, str]:
+    """A ``multipart/form-data`` body (RFC 7578) of ``(name, media type, content, file name or None)`` parts, and
+    its Content-Type; a browser reads it with ``Response.formData()``. The boundary is random and checked absent
+    from every part."""
+    while True:
+        boundary = f"tim-enhance-{secrets.token_hex(16)}"
+        if not any(boundary.encode() in content for _, _, content, _ in parts):
+            break
+    body = bytearray()
+    for name, media, content, filename in parts:
+        disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        body += (
+            f"--{boundary}\r\nContent-Disposition: {disposition}\r\nContent-Type: {media}\r\n\r\n".encode()
+        )
+        body += content + b"\r\n"
+    body += f"--{boundary}--\r\n".encode()
+    return bytes(body), f"multipart/form-data; boundary={boundary}"
+
+
+def warning_header(warnings: list[str]) -> str:
+    """``X-Enhance-Warning``: the run's warnings in one line, cut to 1000 characters (a header holds latin-1
+    only, so in ASCII)."""
+    return "; ".join(warnings)[:1000].encode("ascii", "replace").decode()

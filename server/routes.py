@@ -16,9 +16,11 @@ from enhance.audio_io import AudioInfo
 from server.audio import (
     OUTPUT_FORMATS,
     download_disposition,
+    multipart_form,
     negotiate_analyze_format,
     negotiate_audio_format,
     safe_stem,
+    warning_header,
 )
 from server.auth import require_api_key
 from server.errors import ApiError
@@ -206,7 +208,8 @@ class Timed:
                 "X-Channels": {"description": "channel count", "schema": {"type": "integer"}},
                 "X-Enhance-Warning": {
                     "description": "only when the audio was enhanced with a caveat: a file whose audio ends before "
-                    "the length its header gives (a cut upload) is enhanced as far as it decodes, and this says so",
+                    "the length its header gives (a cut upload) is enhanced as far as it decodes, and this says so; "
+                    "digital silence (all samples zero) is enhanced, and this says so",
                     "schema": {"type": "string"},
                 },
             },
@@ -254,8 +257,8 @@ async def enhance(
         "X-Channels": str(result.channels),
         "Content-Disposition": download_disposition(upload.filename, name, f".enhanced.{ext}"),
     }
-    if result.warnings:  # the CLI prints them; a client gets them here (a header holds latin-1 only)
-        headers["X-Enhance-Warning"] = "; ".join(result.warnings)[:1000].encode("ascii", "replace").decode()
+    if result.warnings:  # the CLI prints them; a client gets them here
+        headers["X-Enhance-Warning"] = warning_header(result.warnings)
     return Response(encoded, media_type=OUTPUT_FORMATS[fmt][1], headers=headers)
 
 
@@ -265,13 +268,27 @@ async def enhance(
     description=(
         "Enhances the file and returns, per TIM block, the competition scores of each frame (of channel 0), "
         "their mean entropy, and the input/output RMS levels. `?format=png` (or Accept: image/png) returns the "
-        "maps drawn under the input's spectrogram instead; 406 for an Accept header that allows neither."
+        "maps drawn under the input's spectrogram instead; 406 for an Accept header that allows neither. "
+        "`?audio=wav|flac|ogg` returns the enhanced audio with the analysis, from the same single run: a "
+        "`multipart/form-data` body with the parts `analysis` (the JSON) and `audio` (the file /v1/enhance "
+        "gives; read it with `Response.formData()` in a browser, or any multipart parser)."
     ),
     response_model=AnalyzeResponse,
     responses={
         200: {
-            "content": {"image/png": {"schema": _BINARY}},
-            "description": "the analysis (JSON) or figure (PNG)",
+            "content": {
+                "image/png": {"schema": _BINARY},
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "properties": {
+                            "analysis": {"$ref": "#/components/schemas/AnalyzeResponse"},
+                            "audio": _BINARY,
+                        },
+                    }
+                },
+            },
+            "description": "the analysis (JSON), the figure (PNG), or the analysis and the audio (multipart)",
         },
         **AUDIO_ERRORS,
         **_errors(406),
@@ -285,9 +302,21 @@ async def analyze(
         AnalyzeFormat | None, Query(description="json (default) or png; overrides the Accept header")
     ] = None,
     model: Annotated[str | None, _model_query()] = None,
+    audio: Annotated[
+        AudioFormat | None,
+        Query(description="also return the enhanced audio, in this format (the response is then multipart)"),
+    ] = None,
 ) -> Response:
     png = negotiate_analyze_format(format.value if format else None, request.headers.get("accept")) == "png"
+    if png and audio is not None:
+        raise ApiError(
+            422,
+            "invalid_request",
+            "audio= comes with the JSON analysis, not with format=png (ask for one or the other)",
+        )
     lm, upload, name, limits, info = await _receive(request, model)
+    if audio is not None:
+        check_output(info, name, audio.value)
     state = request.app.state
     timed = Timed()
     headers = {"X-Model": lm.name, "X-Audio-Duration": f"{info.duration_s:.4f}"}
@@ -299,13 +328,26 @@ async def analyze(
         state.metrics.audio_seconds.inc(info.duration_s, route="/v1/analyze")
         headers["X-Processing-Seconds"] = f"{timed.seconds:.4f}"
         return Response(image, media_type="image/png", headers=headers)
-    body = await state.jobs.run_until_gone(
-        timed(lambda job: analyze_upload(lm, upload.data, info, name, limits, job)),
+    fmt = audio.value if audio is not None else None
+    body, encoded = await state.jobs.run_until_gone(
+        timed(lambda job: analyze_upload(lm, upload.data, info, name, limits, job, fmt)),
         lambda: client_gone(request),
     )
     state.metrics.audio_seconds.inc(body["duration_s"], route="/v1/analyze")
     headers["X-Processing-Seconds"] = f"{timed.seconds:.4f}"
-    return JSONResponse(body, headers=headers)
+    if body["warnings"]:  # as /v1/enhance sends them
+        headers["X-Enhance-Warning"] = warning_header(body["warnings"])
+    if fmt is None:
+        return JSONResponse(body, headers=headers)
+    media, ext = OUTPUT_FORMATS[fmt][1], OUTPUT_FORMATS[fmt][2]
+    analysis = JSONResponse(body).body
+    content, content_type = multipart_form(
+        [
+            ("analysis", "application/json", bytes(analysis), None),
+            ("audio", media, encoded, f"{name}.enhanced.{ext}"),
+        ]
+    )
+    return Response(content, media_type=content_type, headers=headers)
 
 
 @v1.get("/models", response_model=ModelsResponse, summary="The loaded models", responses=_errors(401, 503))

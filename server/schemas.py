@@ -126,6 +126,7 @@ class AnalyzeResponse(BaseModel):
                 "input_rms_dbfs": -23.5,
                 "output_rms_dbfs": -26.1,
                 "processing_seconds": 0.05,
+                "warnings": [],
             }
         }
     )
@@ -142,6 +143,11 @@ class AnalyzeResponse(BaseModel):
     input_rms_dbfs: float | None = Field(description="RMS level of the input, all channels (None: silence)")
     output_rms_dbfs: float | None = Field(description="RMS level of the enhanced audio, all channels")
     processing_seconds: float
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what /v1/enhance's X-Enhance-Warning says: the input is digital silence, or its audio ends "
+        "before the length its header gives (enhanced as far as it decodes)",
+    )
 
 
 class StreamStart(BaseModel):

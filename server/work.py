@@ -142,6 +142,7 @@ def enhance_upload(
     limits: Limits,
     job: Job,
     high_band: bool = True,
+    with_competition: bool = False,
 ) -> tuple[bytes, FileResult]:
     """Enhanced file in ``fmt`` (a key of OUTPUT_FORMATS, checked by :func:`check_output`) at the input's rate,
     channels and length; ``high_band``: see :mod:`enhance.high_band`."""
@@ -154,7 +155,7 @@ def enhance_upload(
         limits,
         out_format=OUTPUT_FORMATS[fmt][0],
         out_subtype=None,
-        with_competition=False,
+        with_competition=with_competition,
         high_band=high_band,
     )
 
@@ -174,25 +175,36 @@ def _block_summary(block: int, maps: np.ndarray, digits: int = 4) -> dict[str, A
 
 
 def _enhance_with_maps(
-    lm: LoadedModel, data: bytes, info: AudioInfo, name: str, job: Job, limits: Limits
+    lm: LoadedModel, data: bytes, info: AudioInfo, name: str, job: Job, limits: Limits, fmt: str | None = None
 ) -> tuple[bytes, FileResult]:
-    """Enhance for analysis: float WAV out (levels are measured on it) and the competition maps."""
+    """Enhance for analysis, with the competition maps: in ``fmt`` (a key of OUTPUT_FORMATS, checked by
+    :func:`check_output`) when the client takes the audio too, as /v1/enhance encodes it, else float WAV (levels
+    are measured on it)."""
+    if fmt is not None:
+        return enhance_upload(lm, data, info, name, fmt, limits, job, with_competition=True)
     return _enhance(
         lm, data, info, name, job, limits, out_format="WAV", out_subtype="FLOAT", with_competition=True
     )
 
 
 def analyze_upload(
-    lm: LoadedModel, data: bytes, info: AudioInfo, name: str, limits: Limits, job: Job
-) -> dict[str, Any]:
-    """The analysis JSON (see ``schemas.AnalyzeResponse``)."""
+    lm: LoadedModel,
+    data: bytes,
+    info: AudioInfo,
+    name: str,
+    limits: Limits,
+    job: Job,
+    audio_format: str | None = None,
+) -> tuple[dict[str, Any], bytes]:
+    """The analysis JSON (see ``schemas.AnalyzeResponse``) and the enhanced file: in ``audio_format`` (a key of
+    OUTPUT_FORMATS) when given, the same file /v1/enhance gives, else float WAV."""
     t0 = time.perf_counter()
-    encoded, result = _enhance_with_maps(lm, data, info, name, job, limits)
+    encoded, result = _enhance_with_maps(lm, data, info, name, job, limits, audio_format)
     job.check()
     maps = result.competition or []
     stft = lm.checkpoint.config.stft
     n_frames = maps[0].shape[1] if maps else 0
-    return {
+    body = {
         "model": lm.name,
         "sample_rate": result.sample_rate,
         "channels": result.channels,
@@ -205,7 +217,9 @@ def analyze_upload(
         "input_rms_dbfs": file_rms_dbfs(data),  # block by block: no float copy of either file
         "output_rms_dbfs": file_rms_dbfs(encoded),
         "processing_seconds": round(time.perf_counter() - t0, 4),
+        "warnings": result.warnings,
     }
+    return body, encoded
 
 
 NO_MATPLOTLIB = (

@@ -17,6 +17,9 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from email.message import Message
+from email.parser import BytesParser
+from email.policy import HTTP
 from pathlib import Path
 from typing import Any
 
@@ -401,6 +404,7 @@ def test_digital_silence_is_enhanced_to_silence_and_the_response_says_so(client:
     resp = client.post("/v1/analyze", content=silent, headers={"Content-Type": WAV})
     assert resp.status_code == 200, resp.text
     assert resp.json()["input_rms_dbfs"] is None
+    assert any("digital silence" in w for w in resp.json()["warnings"])
 
 
 def test_a_multipart_body_cut_short_says_so(client: httpx.Client) -> None:
@@ -508,6 +512,50 @@ def test_analyze_json(client: httpx.Client, model: Enhancer) -> None:
     level_out = 20 * np.log10(np.sqrt(np.mean(ref.wav.astype(np.float64) ** 2)))
     assert a["input_rms_dbfs"] == pytest.approx(level_in, abs=0.02)
     assert a["output_rms_dbfs"] == pytest.approx(level_out, abs=0.05)
+
+
+def _form_parts(resp: httpx.Response) -> dict[str, Message]:
+    """A multipart/form-data response's parts by name, read by the standard library's MIME parser."""
+    head = f"Content-Type: {resp.headers['content-type']}\r\n\r\n".encode()
+    msg = BytesParser(policy=HTTP).parsebytes(head + resp.content)
+    assert msg.is_multipart()
+    return {str(p.get_param("name", header="content-disposition")): p for p in msg.iter_parts()}
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac"])
+def test_analyze_with_audio_is_one_run_with_both_answers(client: httpx.Client, fmt: str) -> None:
+    """The web page posted every file twice, to /v1/enhance and /v1/analyze, and the model ran twice. With
+    ?audio= one request returns both: the analysis /v1/analyze gives and the file /v1/enhance gives."""
+    body = wav_bytes(noisy(1.5, 22050, 2), 22050)
+    upload = {"files": {"file": ("talk.wav", body, WAV)}}
+    resp = client.post(f"/v1/analyze?audio={fmt}", **upload)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"].startswith("multipart/form-data; boundary=")
+    parts = _form_parts(resp)
+    assert sorted(parts) == ["analysis", "audio"]
+    assert parts["analysis"].get_content_type() == "application/json"
+    assert parts["audio"].get_content_type() == f"audio/{fmt}"
+    assert parts["audio"].get_filename() == f"talk.enhanced.{fmt}"
+    analysis = json.loads(parts["analysis"].get_payload(decode=True))
+    alone = client.post("/v1/analyze", **upload).json()
+    for key in ("frame_times", "blocks", "input_rms_dbfs", "output_rms_dbfs", "warnings", "channels"):
+        assert analysis[key] == alone[key], key
+    audio = parts["audio"].get_payload(decode=True)
+    enhanced = client.post(f"/v1/enhance?format={fmt}", **upload)
+    assert enhanced.status_code == 200
+    assert np.array_equal(_decoded(audio), _decoded(enhanced.content))  # the same samples as /v1/enhance's
+    assert sf.info(io.BytesIO(audio)).subtype == sf.info(io.BytesIO(enhanced.content)).subtype
+
+
+def test_analyze_with_audio_refuses_png_and_an_output_that_cannot_hold_the_input(
+    client: httpx.Client,
+) -> None:
+    body = {"content": wav_bytes(noisy(0.5), 16000), "headers": {"Content-Type": WAV}}
+    err = _error(client.post("/v1/analyze?format=png&audio=wav", **body), 422, "invalid_request")
+    assert "format=png" in err["message"]
+    high = {"content": wav_bytes(noisy(0.01, 384000), 384000), "headers": {"Content-Type": WAV}}
+    _error(client.post("/v1/analyze?audio=ogg", **high), 422, "unsupported_output")
+    _error(client.post("/v1/analyze?audio=mp3", **body), 422, "invalid_request")
 
 
 @pytest.mark.parametrize(

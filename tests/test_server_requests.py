@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from server.config import ServerConfig
 from tests.server_fixtures import RunningServer, noisy, run_server, tiny_checkpoint, wav_bytes
 
 WAV = "audio/wav"
-AUDIO_ROUTES = {"/v1/enhance": ["format", "model", "high_band"], "/v1/analyze": ["format", "model"]}
+AUDIO_ROUTES = {"/v1/enhance": ["format", "model", "high_band"], "/v1/analyze": ["format", "model", "audio"]}
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +71,19 @@ def test_every_known_query_parameter_is_still_taken(client: httpx.Client, audio:
     assert resp.status_code == 200 and "blocks" in resp.json(), resp.text
 
 
-def test_the_web_page_sends_only_known_parameters() -> None:
-    """The page builds its own queries: none of them may now be refused."""
+def test_the_web_page_sends_only_known_parameters(client: httpx.Client, audio: bytes) -> None:
+    """The page builds its own queries: none of them may now be refused. Each query string it writes names only
+    parameters the OpenAPI document gives its route, and the request it sends is answered."""
     script = (Path(__file__).resolve().parents[1] / "server" / "static" / "app.js").read_text()
-    assert 'post("v1/enhance?format=wav"' in script and 'post("v1/analyze"' in script
+    queries = re.findall(r'"v1/(\w+)\?([^"$]*)"', script)
+    assert ("analyze", "audio=wav") in queries, queries  # the one request of a run
     assert "model=${encodeURIComponent(model)}" in script
+    paths = client.get("/openapi.json").json()["paths"]
+    for route, query in queries:
+        taken = {p["name"] for p in paths[f"/v1/{route}"]["post"]["parameters"] if p["in"] == "query"}
+        assert {pair.split("=")[0] for pair in query.split("&")} | {"model"} <= taken, (route, query)
+        resp = client.post(f"/v1/{route}?{query}&model=tiny", content=audio, headers={"Content-Type": WAV})
+        assert resp.status_code == 200, resp.text
 
 
 # ---------- Accept on /v1/analyze ----------

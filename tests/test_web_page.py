@@ -164,9 +164,9 @@ def test_upload_enhance_and_draw(tmp_path: Path) -> None:
         print(f"screenshot: {shot}")
 
         # the same file again: the input was reset, so picking it again is a change, and it runs again
-        assert b.posts_to("v1/enhance") == 1
+        assert b.posts_to("v1/analyze") == 1
         assert b.upload(audio) == "done", b.status()
-        assert b.posts_to("v1/enhance") == 2
+        assert b.posts_to("v1/analyze") == 2
 
         # a file neither the server nor the browser reads: the server's error, once, and nothing of the
         # previous file stays on screen
@@ -174,7 +174,7 @@ def test_upload_enhance_and_draw(tmp_path: Path) -> None:
         bad.write_bytes(b"this is not audio" * 100)
         assert b.upload(bad) == "error"
         assert "unsupported_format" in b.status(), b.status()  # the server's structured error
-        assert b.posts_to("v1/enhance") == 3  # the browser could not decode it either: no second upload
+        assert b.posts_to("v1/analyze") == 3  # the browser could not decode it either: no second upload
         for canvas in ("competition-canvas", "noisy-spectrogram", "enhanced-spectrogram"):
             assert page.evaluate(NON_BLANK, canvas) == 0, canvas
         assert page.locator("#analysis-summary").inner_text() == ""
@@ -186,7 +186,7 @@ def test_upload_enhance_and_draw(tmp_path: Path) -> None:
         silent.write_bytes(wav_bytes(np.zeros((16000, 1), np.float32), 16000))
         assert b.upload(silent) == "done", b.status()
         assert "Warning: silent: all samples are zero (digital silence)." in b.status(), b.status()
-        assert b.posts_to("v1/enhance") == 4
+        assert b.posts_to("v1/analyze") == 4
         # a readable file that cannot be enhanced: the server's error, and the page does not re-encode and post it
         nan = tmp_path / "nan.wav"
         x = np.zeros((16000, 1), np.float32)
@@ -194,7 +194,7 @@ def test_upload_enhance_and_draw(tmp_path: Path) -> None:
         nan.write_bytes(wav_bytes(x, 16000, subtype="FLOAT"))
         assert b.upload(nan) == "error"
         assert "invalid_audio" in b.status(), b.status()
-        assert b.posts_to("v1/enhance") == 5
+        assert b.posts_to("v1/analyze") == 5
         assert not errors, errors
 
 
@@ -224,21 +224,21 @@ def test_a_newer_upload_wins(tmp_path: Path) -> None:
             else:
                 route.continue_()
 
-        page.route("**/v1/enhance*", hold_the_first)
+        page.route("**/v1/analyze*", hold_the_first)
         page.goto(srv.url + "/")
         page.wait_for_function(MODELS_LISTED, timeout=20000)
         b.pick(first)
         page.wait_for_function("document.body.dataset.state === 'working'", timeout=10000)
         wait_until_held(page, held)
         assert b.upload(second) == "done", b.status()
-        assert any("v1/enhance" in url for url in b.failed), b.failed  # the first run's request: aborted
+        assert any("v1/analyze" in url for url in b.failed), b.failed  # the first run's request: aborted
         with contextlib.suppress(Exception):  # already aborted by the page: continuing it may be refused
             held[0].continue_()
         page.wait_for_timeout(1500)  # time for a first run that was not stopped to finish and draw
         assert page.evaluate("document.body.dataset.state") == "done"
         assert "second.wav (1.00 s)" in b.status(), b.status()
         assert "1.00 s at 16000 Hz" in page.locator("#analysis-summary").inner_text()
-        assert b.posts_to("v1/analyze") == 1  # the first run never reached its analysis
+        assert b.posts_to("v1/analyze") == 2  # one request per run: the first's (aborted) and the second's
         assert not b.errors, b.errors
 
 
@@ -320,7 +320,7 @@ def test_both_requests_of_a_run_use_the_model_chosen_when_it_started(tmp_path: P
     with run_server(config) as srv, browser_on(srv) as b:
         page = b.page
         held: list[Any] = []
-        page.route("**/v1/enhance*", lambda route: held.append(route))
+        page.route("**/v1/analyze*", lambda route: held.append(route))
         page.goto(srv.url + "/")
         page.wait_for_function(MODELS_LISTED, timeout=20000)
         assert page.locator("#model-select").input_value() == "tiny"
@@ -331,7 +331,9 @@ def test_both_requests_of_a_run_use_the_model_chosen_when_it_started(tmp_path: P
         held[0].continue_()
         page.wait_for_function(ENDED, timeout=60000, polling=100)
         assert page.evaluate("document.body.dataset.state") == "done", b.status()
-        assert [url.split("model=")[-1] for url in b.posts] == ["tiny", "tiny"], b.posts
+        assert [url.split("model=")[-1] for url in b.posts] == ["tiny"], (
+            b.posts
+        )  # one request: no second model
         assert "Model tiny" in page.locator("#analysis-summary").inner_text()
         # the list loaded again (a new API key) keeps the model chosen; it went back to the default
         page.evaluate(
@@ -490,7 +492,7 @@ def test_an_unreachable_server_is_said_plainly_and_the_input_keeps_its_file(tmp_
         assert b.upload(audio) == "done", b.status()
         assert page.evaluate("document.getElementById('file-input').files[0].name") == "a.wav"
         assert page.locator("#download-link").get_attribute("aria-label") == "download a.enhanced.wav"
-        page.route("**/v1/enhance*", lambda route: route.abort())  # no answer, as from a stopped server
+        page.route("**/v1/analyze*", lambda route: route.abort())  # no answer, as from a stopped server
         assert b.upload(audio) == "error"
         assert "server cannot be reached" in b.status(), b.status()
         assert "Failed to fetch" not in b.status()
@@ -505,7 +507,7 @@ def test_cancel_stops_a_run_and_the_next_file_runs(tmp_path: Path) -> None:
     with run_server(ServerConfig(checkpoints=(str(ck),), threads=1)) as srv, browser_on(srv) as b:
         page = b.page
         held: list[Any] = []
-        page.route("**/v1/enhance*", lambda route: held.append(route))  # the answer never comes
+        page.route("**/v1/analyze*", lambda route: held.append(route))  # the answer never comes
         page.goto(srv.url + "/")
         page.wait_for_function(MODELS_LISTED, timeout=20000)
         assert not page.locator("#cancel-btn").is_visible()
@@ -519,7 +521,7 @@ def test_cancel_stops_a_run_and_the_next_file_runs(tmp_path: Path) -> None:
         page.wait_for_function(
             "document.getElementById('noisy-audio').getAttribute('src') === null", timeout=5000
         )
-        page.unroute("**/v1/enhance*")
+        page.unroute("**/v1/analyze*")
         assert b.upload(audio) == "done", b.status()
         assert not page.locator("#cancel-btn").is_visible()
         assert not b.errors, b.errors

@@ -1,4 +1,4 @@
-// tim-enhance web page: upload or record, POST /v1/enhance and /v1/analyze, play both, draw spectrograms
+// tim-enhance web page: upload or record, POST /v1/analyze?audio=wav (analysis and audio in one), play both, draw spectrograms
 // (computed here: WebAudio decodeAudioData + a small radix-2 FFT) and the competition maps (canvas heatmaps).
 // No build step, no dependencies. <body data-state> is idle | working | done | error (the tests wait on it).
 "use strict";
@@ -276,7 +276,9 @@ async function run(blob, name) {
   const model = $("model-select").value;
   let converted = false;
   try {
-    let resp = await post("v1/enhance?format=wav", blob, name, model, abort.signal);
+    // one request, one run of the model: the analysis and the enhanced WAV come back as the parts of one form
+    const route = "v1/analyze?audio=wav";
+    let resp = await post(route, blob, name, model, abort.signal);
     check();
     // a container or codec libsndfile cannot read (m4a, webm, mp3 on old libsndfile): the browser may decode it
     if (resp.status === 422 && (await errorCode(resp)) === "unsupported_format") {
@@ -289,7 +291,7 @@ async function run(blob, name) {
         name = name.replace(/\.[^.]*$/, "") + ".wav";
         converted = true;
         $("noisy-audio").src = keepUrl(blob);
-        resp = await post("v1/enhance?format=wav", blob, name, model, abort.signal);
+        resp = await post(route, blob, name, model, abort.signal);
         check();
       }
     }
@@ -299,32 +301,29 @@ async function run(blob, name) {
       throw new Error(converted ? `${why} (the server could not read the file, so this browser converted it to a ${size} WAV)` : why);
     }
     const seconds = Number(resp.headers.get("X-Processing-Seconds")).toFixed(2);
-    // what the CLI prints as warnings (digital silence, audio that ends before its header's length)
-    const warning = resp.headers.get("X-Enhance-Warning");
-    const enhanced = await resp.blob();
+    const form = await resp.formData();
+    check();
+    const analysis = JSON.parse(form.get("analysis"));  // a part without a file name is a string
+    const enhanced = new Blob([form.get("audio")], { type: "audio/wav" });
     check();
     const url = keepUrl(enhanced);
     $("enhanced-audio").src = url;
     const link = $("download-link");
     link.href = url; link.download = name.replace(/\.[^.]*$/, "") + ".enhanced.wav"; link.hidden = false;
     link.setAttribute("aria-label", `download ${link.download}`);  // not just "download"
-    setState("working", `Enhanced in ${seconds} s; analysing…`);
-    // caught here, at once: a rejection left waiting for the analysis was reported as uncaught
+    setState("working", `Enhanced in ${seconds} s; drawing…`);
+    // caught here, at once: a rejection left waiting was reported as uncaught
     const spectra = drawSpectrograms(blob, enhanced, isCurrent).catch((e) => {
       console.warn("spectrogram:", e);
       return " The spectrograms could not be drawn.";
     });
-    const aresp = await post("v1/analyze", blob, name, model, abort.signal);
-    check();
-    if (!aresp.ok) throw new Error(await errorText(aresp));
-    const analysis = await aresp.json();
-    check();
     drawCompetition($("competition-canvas"), analysis);
     showSummary(analysis);
     const note = await spectra;
     check();
     const how = converted ? " The server could not read the original, so this browser sent it as a 16 kHz WAV (the output is 16 kHz)." : "";
-    const warned = warning ? ` Warning: ${warning}.` : "";
+    // what the CLI prints as warnings (digital silence, audio that ends before its header's length)
+    const warned = analysis.warnings.length ? ` Warning: ${analysis.warnings.join("; ")}.` : "";
     setState("done", `Done: ${name} (${analysis.duration_s.toFixed(2)} s) enhanced in ${seconds} s.${warned}${how}${note}${stillRecording()}`);
   } catch (err) {
     if (!isCurrent()) return;  // a newer run (or Cancel) owns the page
