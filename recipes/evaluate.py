@@ -5,7 +5,8 @@
 Each pair's noisy file is read (channel 0 of a multichannel file, resampled to 16 kHz if needed), enhanced with
 :func:`enhance.offline.enhance_waveform`, and both the noisy input and the enhanced output are scored against the
 clean file (cut to the shorter length). Files that cannot be read are skipped with their reason. Written to
-``--out`` (each file atomically): ``per_file.csv``, ``summary.csv``, ``summary.md`` and ``summary.json``. The
+``--out`` (each file atomically): ``per_file.csv``, ``summary.csv`` (with the counts of skipped and unpaired files on
+every row), ``summary.md`` and ``summary.json``. The
 summary has one row per system (noisy, then enhanced): each metric's mean over the files where it is finite for
 both (so the rows cover the same files), ``n_files`` (files scored) and ``n_failed`` (files where any computed metric was NaN).
 """
@@ -44,6 +45,8 @@ from recipes.run_folder import out_folder_problem, write_text
 SYSTEMS = ("noisy", "enhanced")
 DNSMOS_KEYS = ("dnsmos_sig", "dnsmos_bak", "dnsmos_ovrl")
 SUMMARY_COLUMNS = ("system", *METRIC_KEYS, "n_files", "n_failed")
+# summary.csv also says, on every row, how many files the table leaves out (summary.md lists them under it)
+CSV_COLUMNS = (*SUMMARY_COLUMNS, "n_skipped", "n_unpaired")
 _DECIMALS = {"pesq": 3, "stoi": 3, "si_sdr": 2, "dnsmos_sig": 3, "dnsmos_bak": 3, "dnsmos_ovrl": 3}
 
 Log = Callable[[str], None]
@@ -165,8 +168,9 @@ def write_outputs(out_dir: Path, rows: list[dict[str, Any]], result: dict[str, A
     """per_file.csv, summary.csv, summary.md and summary.json, each written atomically."""
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(out_dir / "per_file.csv", ("name", "system", *METRIC_KEYS), rows)
-    summary_rows = [{"system": s, **entry} for s, entry in result["summary"].items()]
-    write_csv(out_dir / "summary.csv", SUMMARY_COLUMNS, summary_rows)
+    left = {"n_skipped": len(result.get("skipped") or []), "n_unpaired": len(result.get("unpaired") or [])}
+    summary_rows = [{"system": s, **entry, **left} for s, entry in result["summary"].items()]
+    write_csv(out_dir / "summary.csv", CSV_COLUMNS, summary_rows)
     write_text(out_dir / "summary.md", markdown_table(result["summary"]) + left_out(result))
     write_text(out_dir / "summary.json", json.dumps(json_safe(result), indent=2) + "\n")
 

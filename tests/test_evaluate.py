@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from recipes.evaluate import SUMMARY_COLUMNS, evaluate, main
+from recipes.evaluate import CSV_COLUMNS, SUMMARY_COLUMNS, evaluate, main
 from recipes.metrics import METRIC_KEYS
 from recipes.pairs import Pair, discover_pairs, dns_pairs, fileid_key, find_pairs
 
@@ -213,7 +213,8 @@ def test_evaluate_command_end_to_end(tmp_path: Path) -> None:
         assert all(math.isnan(v) for v in values[:3]) == (r["name"] == "0001")  # silent reference
 
     summary = read_csv(out / "summary.csv")
-    assert tuple(summary[0]) == SUMMARY_COLUMNS
+    assert tuple(summary[0]) == CSV_COLUMNS
+    assert {(r["n_skipped"], r["n_unpaired"]) for r in summary} == {("0", "0")}
     assert [r["system"] for r in summary] == ["noisy", "enhanced"]
     for r in summary:
         assert int(r["n_files"]) == 3
@@ -259,6 +260,9 @@ def test_evaluate_function_converts_skips_and_limits(tmp_path: Path) -> None:
     assert model.training  # mode restored
     assert result["n_pairs"] == 4 and result["n_evaluated"] == 3
     assert [s["name"] for s in result["skipped"]] == ["0003"] and "0003" in logged[0]
+    # summary.csv, read alone, says a file was left out (it gave only the scored files' count)
+    csv_rows = read_csv(tmp_path / "out" / "summary.csv")
+    assert [(r["n_files"], r["n_skipped"], r["n_unpaired"]) for r in csv_rows] == [("3", "1", "0")] * 2
     assert result["files_converted"]["resampled"] == 1 and result["files_converted"]["multichannel"] == 1
     for entry in result["summary"].values():
         assert entry["n_files"] == 3 and entry["n_failed"] == 0  # disabled DNSMOS is not a failure
@@ -380,3 +384,4 @@ def test_files_without_a_partner_are_recorded_in_the_reports(tmp_path: Path) -> 
     summary = (out / "summary.md").read_text()
     assert "Left out, no partner found (1)" in summary and "0099" in summary
     assert report["n_evaluated"] == 2
+    assert {r["n_unpaired"] for r in read_csv(out / "summary.csv")} == {"1"}
