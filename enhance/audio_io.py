@@ -15,7 +15,7 @@ import stat
 import sys
 import tempfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -97,21 +97,61 @@ def read_frames(f: sf.SoundFile) -> np.ndarray:
     return f.read(frames=-1 if f.seekable() else f.frames, dtype="float32", always_2d=True)
 
 
-def read_blocks(f: sf.SoundFile, blocksize: int) -> Iterator[np.ndarray]:
+SALVAGE_FRAMES = 1024  # after a decoding error, the failed block is read again in pieces this long
+
+
+def read_blocks(
+    f: sf.SoundFile, blocksize: int, reopen: Callable[[], sf.SoundFile] | None = None
+) -> Iterator[np.ndarray]:
     """An open file's samples as float32 ``[samples, channels]`` blocks of ``blocksize`` (the last one shorter),
     from where it stands to the end, also for the codecs that are read only sequentially (see
     :func:`read_frames`). A file that ends before the frame count its header gives (a truncated MP3, Ogg or
     FLAC) ends the blocks there: the caller sees fewer frames than ``f.frames`` (soundfile's own ``blocks()``
-    went on to the header's count, yielding its reused buffer again: the output repeated stale audio)."""
-    left = f.frames - (f.tell() if f.seekable() else 0)
+    went on to the header's count, yielding its reused buffer again: the output repeated stale audio).
+
+    A cut FLAC does not end early but fails ("flac decoder lost sync"), and the failed read loses the whole
+    block, leaving the handle unusable. With ``reopen`` (a new handle on the same audio) the blocks then end at
+    the last frames that decode, as for a cut MP3: the failed block is read again from a new handle in pieces
+    of :data:`SALVAGE_FRAMES`, up to the first that fails. Without it the error is raised."""
+    position = f.tell() if f.seekable() else 0
+    left = f.frames - position
     while left > 0:
         want = min(blocksize, left)
-        block = f.read(want, dtype="float32", always_2d=True)
+        try:
+            block = f.read(want, dtype="float32", always_2d=True)
+        except sf.LibsndfileError:
+            if reopen is None:
+                raise
+            yield from _decodable(reopen, position, want)
+            return
         if len(block):
             yield block
         if len(block) < want:
             return
         left -= want
+        position += want
+
+
+def _decodable(reopen: Callable[[], sf.SoundFile], position: int, frames: int) -> Iterator[np.ndarray]:
+    """What decodes of ``frames`` frames from ``position``, read from a new handle in short pieces."""
+    # (no new handle, e.g. on a stream that cannot seek back: the blocks end at the failed one)
+    with contextlib.suppress(sf.LibsndfileError, OSError, RuntimeError, ValueError), reopen() as g:
+        if g.seekable():
+            g.seek(position)
+        else:  # read only sequentially: read up to it
+            skip = position
+            while skip > 0:
+                got = len(g.read(min(1 << 16, skip), dtype="float32", always_2d=True))
+                if not got:
+                    return
+                skip -= got
+        while frames > 0:
+            piece = g.read(min(SALVAGE_FRAMES, frames), dtype="float32", always_2d=True)
+            if len(piece):
+                yield piece
+            if len(piece) < min(SALVAGE_FRAMES, frames):
+                return
+            frames -= len(piece)
 
 
 UNKNOWN_LENGTH = 2**63 - 1  # libsndfile's frame count for a header without a length (SF_COUNT_MAX)
@@ -161,6 +201,14 @@ def _looks_like_mp3(head: bytes) -> bool:
     return head[:3] == b"ID3" or (
         len(head) >= 2 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0 and head[1] & 6 != 0
     )
+
+
+def reopen_audio(src: Any) -> sf.SoundFile:
+    """A new reading handle on ``src`` (a path, or a file object read from its start again), for
+    :func:`read_blocks`' ``reopen``."""
+    if hasattr(src, "seek"):
+        src.seek(0)
+    return open_audio(fs_path(src))
 
 
 def open_audio(src: Any) -> sf.SoundFile:

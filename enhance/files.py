@@ -41,6 +41,7 @@ from enhance.audio_io import (
     pcm_frames,
     read_blocks,
     read_info,
+    reopen_audio,
     sample_value_error,
 )
 from enhance.rate_bridge import RateBridge
@@ -207,7 +208,7 @@ def enhance_stream(
 
             try:
                 size = max(1, int(block_seconds * rate))
-                blocks = read_blocks(fin, size)
+                blocks = read_blocks(fin, size, reopen=lambda: reopen_audio(src))
                 for block in blocks:
                     block_peak = float(np.abs(block).max(initial=0.0))  # NaN carries through
                     if not block_peak <= MAX_FLOAT_SAMPLE:  # NaN, inf or not audio: say which

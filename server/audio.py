@@ -149,8 +149,8 @@ def file_rms_dbfs(data: bytes, block_frames: int = 1 << 16) -> float | None:
     """RMS level of all samples (all channels) of an encoded file in dB relative to full scale (a full-scale sine
     is -3 dBFS), read block by block in bounded memory; None for silence."""
     total, count = 0.0, 0
-    with open_audio(io.BytesIO(data)) as f:
-        for block in read_blocks(f, block_frames):
+    with open_audio(io.BytesIO(data)) as f:  # as far as it decodes, as it was enhanced
+        for block in read_blocks(f, block_frames, reopen=lambda: open_audio(io.BytesIO(data))):
             total += float(np.sum(np.square(block, dtype=np.float64)))
             count += block.size
     rms = math.sqrt(total / count) if count else 0.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -1368,6 +1369,41 @@ def test_a_truncated_input_gives_what_decodes_and_a_warning(tmp_path: Path, ckpt
     assert b"enhance-cli: warning:" in proc.stderr
     out, _ = sf.read(str(dst))
     assert len(out) == decoded
+
+
+def _decodable_frames(path: Path, piece: int = 256) -> int:
+    """How many frames of ``path`` decode, read from the start in short pieces until libsndfile fails."""
+    n = 0
+    with contextlib.suppress(sf.LibsndfileError), sf.SoundFile(str(path)) as f:
+        while len(block := f.read(piece)):
+            n += len(block)
+    return n
+
+
+@pytest.mark.parametrize("mode", [[], ["--stream"]], ids=["offline", "stream"])
+def test_a_cut_flac_gives_what_decodes_and_a_warning(tmp_path: Path, ckpt: str, mode: list[str]) -> None:
+    """A cut MP3 ends early; a cut FLAC fails ("flac decoder lost sync") and was refused whole as corrupt,
+    0.3 % short or 40 %. Now, as for MP3, what decodes is enhanced (up to the last 1024-frame piece that decodes),
+    the same samples as the whole file's up to near the cut, and the user is told."""
+    whole, cut = tmp_path / "whole.flac", tmp_path / "cut.flac"
+    sf.write(whole, noisy(6.0, 16000), 16000, subtype="PCM_16")
+    data = whole.read_bytes()
+    cut.write_bytes(data[: int(len(data) * 0.6)])
+    header, decodable = sf.info(str(cut)).frames, _decodable_frames(cut)
+    assert 0 < decodable < header
+    with pytest.raises(sf.LibsndfileError):  # what the test is about: the plain read fails
+        sf.read(str(cut))
+    outs = []
+    for src in (whole, cut):
+        dst = tmp_path / f"{src.stem}.out.wav"
+        proc = cli(str(src), "-o", str(dst), "--checkpoint", ckpt, "-q", "--chunk-seconds", "0.5", *mode)
+        assert proc.returncode == 0, proc.stderr.decode()
+        outs.append(sf.read(str(dst))[0])
+    n = len(outs[1])
+    assert decodable - 1024 < n <= decodable
+    assert f"ends after {n} of the {header} frames".encode() in proc.stderr and b"warning:" in proc.stderr
+    near_cut = n - 1024  # the last frames before the cut are processed with the end's padding
+    assert np.abs(outs[1][:near_cut] - outs[0][:near_cut]).max() <= 1 / 32768
 
 
 def test_an_output_cut_short_by_a_size_limit_is_an_error_and_not_left(tmp_path: Path, ckpt: str) -> None:

@@ -407,6 +407,22 @@ def test_digital_silence_is_enhanced_to_silence_and_the_response_says_so(client:
     assert any("digital silence" in w for w in resp.json()["warnings"])
 
 
+def test_a_cut_flac_is_enhanced_and_analyzed_as_far_as_it_decodes(client: httpx.Client) -> None:
+    """libsndfile fails on a cut FLAC ("lost sync") where a cut MP3 just ends: it was a 422 invalid_audio."""
+    buf = io.BytesIO()
+    sf.write(buf, noisy(4.0, 16000), 16000, format="FLAC", subtype="PCM_16")
+    cut = buf.getvalue()[: len(buf.getvalue()) * 2 // 3]
+    header = sf.info(io.BytesIO(cut)).frames
+    resp = client.post("/v1/enhance", content=cut, headers={"Content-Type": "audio/flac"})
+    assert resp.status_code == 200, resp.text
+    n = len(sf.read(io.BytesIO(resp.content))[0])
+    assert header // 2 < n < header
+    assert f"ends after {n} of the {header} frames" in resp.headers["X-Enhance-Warning"]
+    analysis = client.post("/v1/analyze", content=cut, headers={"Content-Type": "audio/flac"})
+    assert analysis.status_code == 200, analysis.text  # its input level is read as far as it decodes too
+    assert analysis.json()["input_rms_dbfs"] is not None and analysis.json()["warnings"]
+
+
 def test_a_multipart_body_cut_short_says_so(client: httpx.Client) -> None:
     """A file part cut mid-way (no closing boundary) read as "no file field 'file'", a 422 that sent the
     client looking for a naming mistake."""
