@@ -203,6 +203,38 @@ def _looks_like_mp3(head: bytes) -> bool:
     )
 
 
+# the first bytes of the containers libsndfile reads (W64 starts "riff"); MP3 is _looks_like_mp3's
+CONTAINER_MAGIC = (b"RIFF", b"RIFX", b"RF64", b"fLaC", b"OggS", b"FORM", b"caff", b".snd", b"riff")
+PIPE_CHECK_BYTES = 1 << 20  # a pipe's first MiB must show audio before the rest is read into memory
+
+
+def looks_encoded(head: bytes) -> bool:
+    """Whether ``head`` (a file's first bytes) starts like an audio container or an MP3."""
+    return head[:4] in CONTAINER_MAGIC or _looks_like_mp3(head[:4])
+
+
+def read_piped(stream: BinaryIO, name: str) -> bytes:
+    """An encoded file from a pipe (stdin, a named pipe, ``<(...)``), whole: a pipe cannot be read twice nor has
+    it a size. Its first MiB is checked first: bytes that neither carry a header libsndfile reads nor start like
+    a container are refused (raises :class:`AudioError`) before the rest is read (``/dev/zero`` or a producer's
+    text went on filling memory until the kernel killed the process)."""
+    head = b""
+    while len(head) < PIPE_CHECK_BYTES:
+        more = stream.read(PIPE_CHECK_BYTES - len(head))
+        if not more:
+            return head  # all of it: read as any file is
+        head += more
+    if not looks_encoded(head):
+        try:
+            read_info(head)
+        except AudioError:
+            raise AudioError(
+                f"{name}: not a readable audio file (its first MiB holds no audio header libsndfile knows); "
+                "nothing more was read"
+            ) from None
+    return head + stream.read()
+
+
 def reopen_audio(src: Any) -> sf.SoundFile:
     """A new reading handle on ``src`` (a path, or a file object read from its start again), for
     :func:`read_blocks`' ``reopen``."""

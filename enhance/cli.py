@@ -46,6 +46,7 @@ from enhance.audio_io import (
     fs_path,
     nearest_existing,
     output_format,
+    read_piped,
     refused_container,
 )
 from enhance.backends import BACKENDS, REDUCED_PRECISION, streaming_backend
@@ -473,8 +474,11 @@ def run_one(
         # a pipe on one side (stdin, stdout, a named pipe, /dev/stdin, <(...)): the encoded audio passes through
         # memory (a pipe cannot be read twice, nor has it a size)
         if src == "-":
-            data = sys.stdin.buffer.read()
-        elif os.path.isfile(src) or pipe_in:
+            data = read_piped(sys.stdin.buffer, "<stdin>")
+        elif pipe_in:
+            with Path(src).open("rb") as stream:
+                data = read_piped(stream, src)
+        elif os.path.isfile(src):
             data = Path(src).read_bytes()
         else:
             raise AudioError(f"{src}: no such file")

@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from enhance.audio_io import MAX_FLOAT_SAMPLE, AudioError, pcm_frames, sample_value_error
+from enhance.audio_io import CONTAINER_MAGIC, MAX_FLOAT_SAMPLE, AudioError, pcm_frames, sample_value_error
 from enhance.rate_bridge import RateBridge
 from enhance.streaming import StreamingEnhancer
 from models.enhancer import Enhancer
@@ -81,10 +81,7 @@ def stream_pcm(
             break
         head += more
     # WAV, FLAC, Ogg, AIFF, CAF, AU, W64, and MP3 with an ID3 tag (untagged MP3's sync word is also PCM)
-    if (
-        head in (b"RIFF", b"RIFX", b"RF64", b"fLaC", b"OggS", b"FORM", b"caff", b".snd", b"riff")
-        or head[:3] == b"ID3"
-    ):
+    if head in CONTAINER_MAGIC or head[:3] == b"ID3":
         raise AudioError(
             f"<stdin>: starts like an encoded audio file ({head.decode(errors='replace')}), but --stream - -o - reads raw PCM: "
             "leave out --stream to enhance an encoded file from stdin"

@@ -1371,6 +1371,25 @@ def test_a_truncated_input_gives_what_decodes_and_a_warning(tmp_path: Path, ckpt
     assert len(out) == decoded
 
 
+def test_a_pipe_that_is_not_audio_is_refused_after_its_first_mib(tmp_path: Path, ckpt: str) -> None:
+    """``enhance-cli /dev/zero`` read until the kernel killed it (23 GB); a producer's text on stdin was read
+    whole before libsndfile refused it. Now the first MiB must show audio; audio of more than a MiB still comes
+    through a pipe whole."""
+    endless = cli("/dev/zero", "-o", str(tmp_path / "z.wav"), "--checkpoint", ckpt)  # (a 300-s timeout)
+    err = endless.stderr
+    assert endless.returncode == 1 and b"/dev/zero: not a readable audio file" in err, err
+    assert b"first MiB" in err and not (tmp_path / "z.wav").exists()
+    proc = cli(
+        "-", "-o", str(tmp_path / "t.wav"), "--checkpoint", ckpt, stdin=b"hello, not audio\n" * 100_000
+    )
+    assert proc.returncode == 1 and b"<stdin>: not a readable audio file" in proc.stderr, proc.stderr
+    buf = io.BytesIO()
+    sf.write(buf, noisy(40.0, 16000), 16000, format="WAV", subtype="PCM_16")  # 1.2 MiB
+    proc = cli("-", "-o", str(tmp_path / "long.wav"), "--checkpoint", ckpt, stdin=buf.getvalue())
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert sf.info(str(tmp_path / "long.wav")).frames == 40 * 16000
+
+
 def _decodable_frames(path: Path, piece: int = 256) -> int:
     """How many frames of ``path`` decode, read from the start in short pieces until libsndfile fails."""
     n = 0
