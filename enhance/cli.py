@@ -37,6 +37,7 @@ from typing import Any, BinaryIO
 import soundfile as sf
 import torch
 
+from enhance.arguments import number, package_version
 from enhance.audio_io import (
     AUDIO_SUFFIXES,
     MAX_CHANNELS,
@@ -57,30 +58,10 @@ from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint, read
 from models.pretrained import DEFAULT_MODEL, load_pretrained, pretrained_path
 
 
-def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("tim-enhance")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def _number(text: str, kind: type[int] | type[float]) -> Any:
-    """``kind(text)``, or a usage error that says what was expected (argparse's own named the type function:
-    "invalid _seconds value")."""
-    try:
-        return kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected {'a whole number' if kind is int else 'a number'}, got {text!r}"
-        ) from None
-
-
 def attenuation_db(text: str) -> float:
     """``--max-attenuation-db`` (enhance-cli, recipes.evaluate): a number of dB >= 0, or inf (checked as
     :meth:`models.Enhancer.set_max_attenuation` will check it)."""
-    value = _number(text, float)
+    value = number(text, float)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be at least 0 dB (or inf for no limit), got {text}")
     return value
@@ -100,7 +81,7 @@ MAX_CHUNK_SECONDS = 3600.0
 
 def _seconds(text: str) -> float:
     """``--chunk-seconds``: a positive number of seconds, at most an hour (1e306 overflowed the block size)."""
-    value = _number(text, float)
+    value = number(text, float)
     if not 0 < value <= MAX_CHUNK_SECONDS:
         raise argparse.ArgumentTypeError(
             f"must be a number of seconds above 0 and at most {MAX_CHUNK_SECONDS:g}, got {text}"
@@ -110,7 +91,7 @@ def _seconds(text: str) -> float:
 
 def _ranged(lo: int, hi: int) -> Any:
     def check(text: str) -> int:
-        value = _number(text, int)
+        value = number(text, int)
         if not lo <= value <= hi:
             raise argparse.ArgumentTypeError(f"must be from {lo} to {hi}, got {text}")
         return value
@@ -206,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print a machine-readable summary on stdout (on stderr, alone, when the audio goes to stdout)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no per-file lines")
-    p.add_argument("--version", action="version", version=f"enhance-cli {_version()}")
+    p.add_argument("--version", action="version", version=f"enhance-cli {package_version()}")
     return p
 
 

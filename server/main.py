@@ -16,6 +16,8 @@ import logging
 import os
 import sys
 
+from enhance.arguments import bounded, package_version
+from enhance.audio_io import MAX_CHANNELS
 from enhance.backends import BACKENDS, REDUCED_PRECISION
 from enhance.device import inference_device
 from models import CheckpointError
@@ -32,6 +34,9 @@ def port_number(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be 0-65535, got {text}")
     return value
+
+
+POSITIVE = bounded(float, 0, above=True)  # sizes, durations and timeouts
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,31 +63,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="checkpoint file to serve, under its stored name or ALIAS (repeatable)",
     )
     p.add_argument("--device", default="cpu", help="torch device of the models")
-    p.add_argument("--max-upload-mb", type=float, default=50.0, help="largest accepted upload (MiB)")
-    p.add_argument("--max-duration", type=float, default=600.0, help="longest accepted file (s)")
+    p.add_argument("--max-upload-mb", type=POSITIVE, default=50.0, help="largest accepted upload (MiB)")
+    p.add_argument("--max-duration", type=POSITIVE, default=600.0, help="longest accepted file (s)")
     p.add_argument(
         "--max-channels",
-        type=int,
+        type=bounded(int, 1, high=MAX_CHANNELS),
         default=8,
         help="most channels in a file or a stream (default %(default)s)",
     )
     p.add_argument(
         "--max-samples",
-        type=float,
+        type=bounded(float, 1),
         default=80e6,
         help="most samples (frames x channels) in one file, e.g. 80e6: 10 min of 48 kHz stereo is 57.6e6",
     )
-    p.add_argument("--max-concurrency", type=int, default=2, help="enhancements at once (more wait)")
     p.add_argument(
-        "--max-queue", type=int, default=16, help="requests waiting for a slot (more get 503; 0: no queue)"
+        "--max-concurrency", type=bounded(int, 1), default=2, help="enhancements at once (more wait)"
     )
-    p.add_argument("--queue-timeout", type=float, default=10.0, help="longest wait for a slot (s), then 503")
-    p.add_argument("--timeout", type=float, default=120.0, help="per-request processing limit (s), then 504")
     p.add_argument(
-        "--upload-timeout", type=float, default=60.0, help="time to receive an upload (s), then 408"
+        "--max-queue",
+        type=bounded(int, 0),
+        default=16,
+        help="requests waiting for a slot (more get 503; 0: no queue)",
     )
-    p.add_argument("--max-streams", type=int, default=8, help="WebSocket streams at once")
-    p.add_argument("--max-stream-seconds", type=float, default=3600.0, help="audio per WebSocket stream (s)")
+    p.add_argument(
+        "--queue-timeout", type=bounded(float, 0), default=10.0, help="longest wait for a slot (s), then 503"
+    )
+    p.add_argument(
+        "--timeout", type=POSITIVE, default=120.0, help="per-request processing limit (s), then 504"
+    )
+    p.add_argument(
+        "--upload-timeout", type=POSITIVE, default=60.0, help="time to receive an upload (s), then 408"
+    )
+    p.add_argument("--max-streams", type=bounded(int, 0), default=8, help="WebSocket streams at once")
+    p.add_argument(
+        "--max-stream-seconds", type=POSITIVE, default=3600.0, help="audio per WebSocket stream (s)"
+    )
     p.add_argument(
         "--stream-backend",
         choices=BACKENDS,
@@ -98,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--stream-idle-timeout",
-        type=float,
+        type=POSITIVE,
         default=60.0,
         help="close a stream when the client sent nothing and the server had none of its audio to enhance for this long (s)",
     )
@@ -116,16 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="allowed CORS origin (repeatable; '*': any); also the origins whose pages may open WS /v1/stream "
         "besides the server's own",
     )
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--threads", type=bounded(int, 0), default=0, help="torch threads (0: torch's default)")
     p.add_argument(
         "--limit-concurrency",
-        type=int,
+        type=bounded(int, 1),
         default=64,
         help="uvicorn: connections (HTTP and WebSocket, idle ones too) at once before it answers 503; bounds the "
-        "memory that uploads being read can hold (each up to --max-upload-mb). Default 64 (unbounded before: a "
-        "review's idle sockets were all held)",
+        "memory that uploads being read can hold (each up to --max-upload-mb)",
     )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--version", action="version", version=f"enhance-server {package_version()}")
     return p
 
 

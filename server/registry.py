@@ -74,10 +74,16 @@ def _split_alias(spec: str) -> tuple[str | None, str]:
 def check_config(config: ServerConfig) -> None:
     """Cheap pre-flight (no weights read): every configured model exists, and a named C backend can be built (a
     compiler, the library already cached, or a prebuilt one). Raises :class:`CheckpointError`."""
+    names = []
     for name in config.model_specs:
         pretrained_path(name)
+        names.append(name)
     for spec in config.checkpoints:
-        read_metadata(_split_alias(spec)[1])
+        alias, path = _split_alias(spec)
+        names.append(alias or str(read_metadata(path)["name"]))
+    for name in names:  # (found by the load too, but only after the server had started, answering 503s)
+        if names.count(name) > 1:
+            raise CheckpointError(f"two models are named '{name}' (give one an alias: ALIAS=PATH)")
     if config.stream_backend in NATIVE:
         from enhance.native_backend import NativeUnavailable, library
 

@@ -1580,6 +1580,27 @@ def test_enhance_server_command(checkpoint: Path, tmp_path: Path) -> None:
             ["--port", "99999"],
             "enhance-server: error: argument --port: must be 0-65535, got 99999",
         ),  # a traceback
+        # started, found the clash only while loading in the background, and answered 503 to everything
+        (["--model", "default", "--model", "default"], "enhance-server: two models are named 'default'"),
+        (
+            ["--checkpoint", f"a={checkpoint}", "--checkpoint", f"a={checkpoint}"],
+            "enhance-server: two models are named 'a'",
+        ),
+        # started, and uvicorn answered every request (/healthz too) 503
+        (
+            ["--limit-concurrency", "0"],
+            "enhance-server: error: argument --limit-concurrency: must be at least 1",
+        ),
+        # named the config's fields, not the flags (or: "cannot convert float NaN to integer")
+        (["--max-upload-mb", "-1"], "enhance-server: error: argument --max-upload-mb: must be more than 0"),
+        (["--max-upload-mb", "nan"], "enhance-server: error: argument --max-upload-mb: must be more than 0"),
+        (["--max-concurrency", "0"], "enhance-server: error: argument --max-concurrency: must be at least 1"),
+        (["--max-streams", "-1"], "enhance-server: error: argument --max-streams: must be at least 0"),
+        (
+            ["--max-channels", "65"],
+            "enhance-server: error: argument --max-channels: must be at least 1 and at most 64",
+        ),
+        (["--timeout", "soon"], "enhance-server: error: argument --timeout: expected a number, got 'soon'"),
     ):
         failed = subprocess.run(
             [command, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
@@ -1587,6 +1608,8 @@ def test_enhance_server_command(checkpoint: Path, tmp_path: Path) -> None:
         assert failed.returncode == 2, (args, failed.stdout, failed.stderr)
         assert any(line.startswith(message) for line in failed.stderr.splitlines()), failed.stderr
         assert "Traceback" not in failed.stderr
+    version = subprocess.run([command, "--version"], capture_output=True, text=True, timeout=120, check=False)
+    assert version.returncode == 0 and version.stdout.startswith("enhance-server "), version
     sock = free_socket()
     port = sock.getsockname()[1]
     sock.close()
