@@ -290,7 +290,7 @@ def read_info(source: Source) -> AudioInfo:
         with open_audio(src) as f:
             info = AudioInfo(f.samplerate, f.channels, f.frames, f.format, f.subtype)
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
-        raise AudioError(f"{_name(source)}: not a readable audio file ({_short(exc)})") from None
+        raise AudioError(f"{_name(source)}: not a readable audio file ({short_reason(exc)})") from None
     check_header(_name(source), info.frames)
     return info
 
@@ -319,7 +319,7 @@ def load_audio(source: Source) -> tuple[np.ndarray, AudioInfo]:
     except AudioError:
         raise  # already says what is wrong (it is a ValueError too)
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-        raise AudioError(f"{name}: not a readable audio file ({_short(exc)})") from None
+        raise AudioError(f"{name}: not a readable audio file ({short_reason(exc)})") from None
     wav = np.ascontiguousarray(data.T)
     check_audio(wav, name)
     return wav, AudioInfo(info.sample_rate, info.channels, wav.shape[1], info.format, info.subtype)
@@ -626,6 +626,13 @@ def output_format(path: str | os.PathLike[str]) -> tuple[str, str | None]:
     return fmt, "OPUS" if suffix.lower() == ".opus" else None
 
 
-def _short(exc: BaseException) -> str:
+# what libsndfile says of a file it opened but recognises no format in, e.g. an MP3 cut to a few hundred bytes
+_NOT_REGULAR = "File does not exist or is not a regular file (possibly a pipe?)."
+
+
+def short_reason(exc: BaseException) -> str:
+    """The first line of a reading error, libsndfile's misleading words for a file it cannot make out replaced."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if text.endswith(_NOT_REGULAR):  # the file exists (checked before) and is a file or a pipe already read
+        return "no format libsndfile decodes: cut short or damaged?"
     return text[:160]

@@ -43,6 +43,7 @@ from enhance.audio_io import (
     read_info,
     reopen_audio,
     sample_value_error,
+    short_reason,
 )
 from enhance.rate_bridge import RateBridge
 from enhance.streaming import StreamingEnhancer
@@ -133,7 +134,7 @@ def enhance_stream(
         fin = open_audio(fs_path(src))
     except Exception as exc:
         # not "Error opening <_io.BytesIO object at 0x...>"
-        reason = _first_line(exc).replace(repr(src), "it")
+        reason = short_reason(exc).replace(repr(src), "it")
         raise AudioError(f"{name}: not a readable audio file ({reason})") from None
     with fin:
         rate, channels, frames = fin.samplerate, fin.channels, fin.frames

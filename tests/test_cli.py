@@ -203,6 +203,11 @@ def _bad_files(d: Path) -> dict[str, tuple[Path, str]]:
     files["corrupt"] = (d / "junk.wav", "not a readable audio file")
     (d / "notes.txt").write_text("hello, I am not audio\n")
     files["unsupported"] = (d / "notes.txt", "not a readable audio file")
+    if "MP3" in sf.available_formats():  # libsndfile said "File does not exist or is not a regular file"
+        buf = io.BytesIO()
+        sf.write(buf, noisy(1.0, 16000), 16000, format="MP3")
+        (d / "stub.mp3").write_bytes(buf.getvalue()[:300])
+        files["cut to 300 bytes"] = (d / "stub.mp3", "no format libsndfile decodes: cut short or damaged?")
     sf.write(d / "zero_length.wav", np.zeros((0, 1), np.float32), 16000)
     files["zero-length"] = (d / "zero_length.wav", "no samples")
     x = noisy(1.0, 16000)
