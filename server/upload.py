@@ -110,6 +110,18 @@ def _closing_delimiter_missing(content_type: str, body: bytes) -> bool:
     return b"--" + boundary + b"--" not in body  # anywhere: an epilogue of any length may follow it
 
 
+def _unescape_filename(name: str | None) -> str | None:
+    """A multipart part's file name as the client's user named it: browsers (and httpx) send ``"``, CR and LF
+    as ``%22``, ``%0D`` and ``%0A`` (the HTML standard's form encoding), and the download came back as
+    ``a%2522b.enhanced.wav`` for ``a"b.wav``. Only those three are escaped, so only those are undone (a name
+    with its own ``%41`` keeps it)."""
+    if name is None:
+        return None
+    for escaped, char in (("%22", '"'), ("%0D", "\r"), ("%0A", "\n"), ("%0d", "\r"), ("%0a", "\n")):
+        name = name.replace(escaped, char)
+    return name
+
+
 async def _parse_multipart(request: Request, body: bytes) -> tuple[bytes, str | None, str]:
     async def stream() -> AsyncGenerator[bytes, None]:
         yield body
@@ -143,6 +155,6 @@ async def _parse_multipart(request: Request, body: bytes) -> tuple[bytes, str | 
             raise ApiError(422, "missing_file", f"multipart body has no file field '{UPLOAD_FIELD}'")
         data = await part.read()
         media = (part.content_type or "application/octet-stream").split(";")[0].strip().lower()
-        return data, part.filename, media
+        return data, _unescape_filename(part.filename), media
     finally:
         await form.close()

@@ -241,6 +241,17 @@ def test_download_names_keep_the_clients_letters() -> None:
     )
 
 
+def test_a_quote_in_an_uploaded_file_name_comes_back_as_a_quote(client: httpx.Client) -> None:
+    """Browsers and httpx send ``a"b.wav`` as ``a%22b.wav`` in the multipart header; the download was
+    ``a%2522b.enhanced.wav`` (saved as ``a%22b.enhanced.wav``)."""
+    body = wav_bytes(noisy(0.3), 16000)
+    resp = client.post("/v1/enhance", files={"file": ('say "hi".wav', body, WAV)})
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-disposition"].endswith("filename*=UTF-8''say%20%22hi%22.enhanced.wav")
+    resp = client.post("/v1/enhance", files={"file": ("50%25 take.wav", body, WAV)})  # its own escapes stay
+    assert resp.headers["content-disposition"].endswith("filename*=UTF-8''50%2525%20take.enhanced.wav")
+
+
 @pytest.mark.parametrize(
     ("query", "accept", "media", "fmt"),
     [
