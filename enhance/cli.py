@@ -747,8 +747,9 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if sys.stdout is None and any(dst == "-" for _, dst in targets):  # started with stdout closed (>&-)
         parser.error("stdout is closed: give -o a file name")
     if any(_is_stdout(dst) for _, dst in targets) and sys.stdout is not None and sys.stdout.isatty():
+        where = f"-o {args.output}" if args.output else "stdout (where stdin's audio goes without -o)"
         parser.error(
-            f"-o {args.output or '-'} would write binary audio to the terminal: pipe or redirect it (| or >)"
+            f"{where} would write binary audio to the terminal: pipe or redirect it (| or >), or give -o a file"
         )
     read = _input_ids(targets)
     overwritten = inputs_overwritten(targets, read) or unwritable(

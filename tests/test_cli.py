@@ -1352,8 +1352,10 @@ def test_a_name_of_stdout_on_a_terminal_is_refused(tmp_path: Path, ckpt: str) ->
     finally:
         os.close(follower)
         os.close(leader)
-    assert proc.returncode == 2 and b"-o - would write binary audio to the terminal" in proc.stderr, (
-        proc.stderr
+    assert proc.returncode == 2, proc.stderr  # (it then said "-o -", which the user never typed)
+    assert (
+        b"stdout (where stdin's audio goes without -o) would write binary audio to the terminal"
+        in proc.stderr
     )
 
 
