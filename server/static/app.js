@@ -57,7 +57,7 @@ function retryAfter(resp) {
 }
 
 // POST with one retry loop on 503 (busy / loading), honouring Retry-After. `model`: the one chosen when the run
-// started (both of a run's requests use it, whatever the menu says later). `signal` aborts it (a newer run).
+// started (the run and its retries use it, whatever the menu says later). `signal` aborts it (a newer run).
 async function post(path, blob, name, model, signal) {
   const url = model ? `${path}${path.includes("?") ? "&" : "?"}model=${encodeURIComponent(model)}` : path;
   for (let attempt = 0; ; attempt++) {
