@@ -118,9 +118,29 @@ def test_compare_reports_a_failed_run_without_a_traceback(
     err = capsys.readouterr().err
     assert "tim-compare: error:" in err and "nowhere.json" in err and "Traceback" not in err
     broken = tmp_path / "broken.json"  # the training itself fails: no speech folder
-    broken.write_text(json.dumps({"data": {"recipe": "folders", "speech": [str(tmp_path / "none")]}}))
+    none = str(tmp_path / "none")
+    broken.write_text(json.dumps({"data": {"recipe": "folders", "speech": [none], "val_pairs": none}}))
     assert compare_main(["--out", str(tmp_path / "b"), "--config", str(broken), *args]) == 1
     assert "tim-compare: error: tiny" in capsys.readouterr().err
+
+
+def test_compare_without_pairs_is_refused_before_any_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A DNS or VoiceBank config validates on held-out mixes and names no pairs: the first config trained in
+    full, then the comparison failed with nothing to evaluate on."""
+    dns = tmp_path / "dns.json"
+    dns.write_text(json.dumps({"data": {"recipe": "dns", "root": str(tmp_path / "DNS")}}))
+    out = tmp_path / "cmp"
+    assert compare_main(["--out", str(out), "--config", str(dns), "--configs", "tiny", "--epochs", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "tim-compare: error: nothing to evaluate the runs on: give --pairs" in err
+    assert not (out / "tiny").exists()
+    # --skip-training on a folder without runs says so (it was "[Errno 2] No such file or directory")
+    code = compare_main(
+        ["--out", str(out), "--pairs", str(tmp_path), "--configs", "tiny", "--epochs", "1", "--skip-training"]
+    )
+    assert code == 1 and "no run in" in capsys.readouterr().err
 
 
 def test_round_epochs_bring_every_config_level_before_any_goes_further(
