@@ -37,6 +37,7 @@ from enhance.stft import stft
 from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from models.pretrained import load_pretrained
 from recipes.evaluate import json_safe
+from recipes.interrupt import on_interrupt
 from recipes.pairs import discover_pairs
 from recipes.run_folder import out_folder_problem
 
@@ -229,6 +230,7 @@ def _plot_entropy(path: Path, maps: list[np.ndarray], blocks: list[int]) -> None
     plt.close(fig)
 
 
+@on_interrupt("analyze_competition", "nothing was written (the tables and figures are written at the end)")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = ap.add_mutually_exclusive_group()

@@ -21,6 +21,7 @@ from enhance.audio_io import nearest_existing
 from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from models.config_io import to_dict
 from models.enhancer import EnhancerConfig
+from recipes.interrupt import on_interrupt
 
 
 def average(paths: list[str], weights: list[float] | None, out: str) -> None:
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@on_interrupt("tim-average-checkpoints", "nothing was written")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:

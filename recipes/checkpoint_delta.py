@@ -27,6 +27,7 @@ import torch
 
 from enhance.audio_io import atomic_path
 from models.checkpoint import file_sha256
+from recipes.interrupt import on_interrupt
 
 DELTA_FORMAT = "tim-enhance-checkpoint-delta/1"
 
@@ -83,6 +84,7 @@ def decode(base: str | Path, delta_path: str | Path, out: str | Path) -> None:
         safetensors.torch.save_file(tensors, tmp, metadata=meta)
 
 
+@on_interrupt("tim-checkpoint-delta", "nothing was written")
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tim-checkpoint-delta", description=__doc__.split("\n\n")[0])
     p.add_argument("action", choices=["encode", "decode"])

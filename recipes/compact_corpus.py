@@ -22,6 +22,7 @@ import soundfile as sf
 
 from enhance.audio_io import atomic_path
 from recipes.audio_pool import list_audio
+from recipes.interrupt import on_interrupt
 
 
 def compact(src: Path, dst: Path, level: float) -> tuple[int, int, int]:
@@ -56,6 +57,7 @@ def compact(src: Path, dst: Path, level: float) -> tuple[int, int, int]:
     return written, kept, failed
 
 
+@on_interrupt("recipes.compact_corpus", "the files written so far are whole: run it again to finish")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src", type=Path)

@@ -32,6 +32,7 @@ from enhance.audio_io import atomic_path
 from models.registry import REGISTRY
 from recipes.datasets import DataConfig
 from recipes.evaluate import positive_int
+from recipes.interrupt import on_interrupt
 from recipes.run_folder import out_folder_problem, read_csv, trained_files
 from recipes.train import merge, read_config
 from recipes.trainer import LEGACY_DATA
@@ -285,6 +286,10 @@ def run_round(args: argparse.Namespace, epochs: int) -> None:
     print(f"wrote {args.out}/comparison.md" + (" and comparison.png" if drawn else ""), flush=True)
 
 
+@on_interrupt(
+    "tim-compare",
+    "finished runs are kept and the same command continues the comparison (a killed run resumes)",
+)
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.epochs < 1 or (args.round_epochs is not None and args.round_epochs < 1):

@@ -38,6 +38,7 @@ from enhance.device import inference_device, usable_device
 from enhance.errors import EnhanceError
 from enhance.offline import enhance_waveform
 from models import CheckpointError, Enhancer, get_config, load_checkpoint
+from recipes.interrupt import on_interrupt
 from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics, metrics_problem
 from recipes.pairs import Pair, discover_pairs
 from recipes.run_folder import out_folder_problem, write_text
@@ -304,6 +305,7 @@ def load_model(args: argparse.Namespace) -> Enhancer:
     return model.to(device).eval()
 
 
+@on_interrupt("tim-evaluate", "nothing was written (the tables are written at the end)")
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns 0 on success, 1 if no file could be evaluated, 2 on bad input."""
     args = build_parser().parse_args(argv)

@@ -32,6 +32,7 @@ from models.checkpoint import CheckpointError, file_sha256, load_checkpoint, sav
 from models.enhancer import count_parameters
 from models.pretrained import DEFAULT_MODEL, PRETRAINED_DIR
 from recipes.evaluate import DNSMOS_KEYS, evaluate, left_out, markdown_table, positive_int
+from recipes.interrupt import on_interrupt
 from recipes.metrics import DNSMOS, pesq_wb, si_sdr, stoi
 from recipes.pairs import discover_pairs
 from recipes.run_folder import read_csv
@@ -376,6 +377,7 @@ Files where a metric failed are counted in `n_failed`. Reproduce:
     )
 
 
+@on_interrupt("recipes.export", "each file it writes is written whole or not at all: run it again")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="training run folder")

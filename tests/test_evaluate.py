@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -235,6 +236,30 @@ def test_evaluate_command_end_to_end(tmp_path: Path) -> None:
     assert md.splitlines()[0] == "| " + " | ".join(SUMMARY_COLUMNS) + " |"
     assert "| noisy |" in md and "| enhanced |" in md
     assert md in proc.stdout  # the table is printed
+
+
+def test_ctrl_c_during_an_evaluation_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    """It was a KeyboardInterrupt traceback from wherever it landed (onnxruntime, PESQ); tim-train already said
+    one line. The same wrapper (recipes.interrupt) serves every recipes command."""
+    data = make_dev_set(tmp_path / "data", n=40, seconds=3.0)
+    out = tmp_path / "eval"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "recipes.evaluate", "--model-config", "tiny", "--pairs", str(data)]
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(out), "--threads", "1"], stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # main() is running once it has found the pairs: the evaluation starts
+            if "layout: 40 pairs" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        err = proc.stderr.read()
+        assert proc.wait(timeout=120) == 130, err
+    finally:
+        proc.kill()
+    assert "tim-evaluate: interrupted; nothing was written" in err and "Traceback" not in err, err
+    assert not out.exists() or not any(out.iterdir())
 
 
 def test_evaluate_function_converts_skips_and_limits(tmp_path: Path) -> None:
