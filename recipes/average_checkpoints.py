@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -82,10 +83,15 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(
                 f"--out {args.out}: give a file path (a folder, or a path under a file, is not one)"
             )
+        if blocked is not None and not os.access(blocked, os.W_OK):  # found before the work, not after
+            raise ValueError(f"--out {args.out}: cannot write in {blocked}")
         average(args.checkpoints, args.weights, args.out)
     except (ValueError, CheckpointError) as exc:
         print(f"tim-average-checkpoints: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a read-only file system or a full disk while writing: one line, not a traceback
+        print(f"tim-average-checkpoints: error: writing {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     print(f"wrote {args.out}")
     return 0
 

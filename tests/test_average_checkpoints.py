@@ -63,6 +63,7 @@ def test_weighted_average_of_two_checkpoints(tmp_path: Path) -> None:
         ("out-is-folder", "give a file path"),  # IsADirectoryError after the work
         ("out-is-input", "is one of the inputs"),
         ("missing", "no such checkpoint"),
+        ("out-unwritable", "cannot write in /proc/self"),  # an OSError traceback after the work
     ],
 )
 def test_bad_requests_are_refused_without_writing(tmp_path: Path, case: str, message: str) -> None:
@@ -78,8 +79,10 @@ def test_bad_requests_are_refused_without_writing(tmp_path: Path, case: str, mes
         "out-is-folder": [str(a), str(b)],
         "out-is-input": [str(a), str(b)],
         "missing": [str(a), str(tmp_path / "nope.safetensors")],
+        "out-unwritable": [str(a), str(b)],
     }[case]
-    target = {"out-is-input": a, "out-is-folder": tmp_path}.get(case, out)
+    unwritable = Path("/proc/self/soup.safetensors")  # a folder no one may create files in, root included
+    target = {"out-is-input": a, "out-is-folder": tmp_path, "out-unwritable": unwritable}.get(case, out)
     before = a.read_bytes()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
