@@ -25,8 +25,13 @@ from pathlib import Path
 from enhance.audio_io import AUDIO_SUFFIXES
 
 _FILEID = re.compile(r"fileid_(\d+)")
-# where the DNS {noisy,clean} folders are, relative to a root that is the data set, test_set or synthetic folder
-_DNS_SUBDIRS = ("test_set/synthetic/no_reverb", "synthetic/no_reverb", "no_reverb")
+# the DNS-Challenge repository (what tim-train --root takes), its datasets/ folder, the test set and below
+_DNS_SUBDIRS = (
+    "datasets/test_set/synthetic/no_reverb",
+    "test_set/synthetic/no_reverb",
+    "synthetic/no_reverb",
+    "no_reverb",
+)
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,7 @@ def discover_pairs(root: str | os.PathLike[str]) -> Discovery:
             return pair_folders(folder / "noisy", folder / "clean", name_key, "dev", base)
     raise ValueError(
         f"{base}: no known test-set layout; expected one of: dev/{{noisy,clean}} or {{noisy,clean}} (dev set), "
-        "test_set/synthetic/no_reverb/{noisy,clean} (DNS Challenge), noisy_testset_wav + clean_testset_wav "
+        "[datasets/]test_set/synthetic/no_reverb/{noisy,clean} (DNS Challenge), noisy_testset_wav + clean_testset_wav "
         "(VoiceBank-DEMAND)"
     )
 
