@@ -26,6 +26,7 @@ from enhance.audio_io import AudioError, atomic_path, fs_path, load_audio, load_
 from recipes.audio_pool import SILENCE_PEAK, AudioPool, Skipped, content_fingerprint, list_audio, scan
 from recipes.mixing import MixingConfig, MixingDataset, mix
 from recipes.paired import PairedDataset
+from recipes.pairs import length_problem
 
 log = logging.getLogger(__name__)
 
@@ -192,13 +193,28 @@ def checked_val_pair(
     name: str, noisy: np.ndarray, clean: np.ndarray, paths: tuple[Path, Path], min_seconds: float
 ) -> ValPair | Skipped:
     """A validation pair cut to its shorter side, or why it is skipped (too short, silent clean side): these pairs
-    decide which checkpoint is kept. ``paths``: (noisy, clean), for the report."""
+    decide which checkpoint is kept, so lengths that do not match (:func:`recipes.pairs.length_problem`) skip it
+    too. ``paths``: (noisy, clean), for the report."""
     n = min(len(noisy), len(clean))
     if n < min_seconds * 16000:
         return Skipped(str(paths[0]), f"too short ({n / 16000:.2f} s < {min_seconds} s)")
     if np.abs(clean[:n]).max() < SILENCE_PEAK:
         return Skipped(str(paths[1]), "the clean side is silent")
+    mismatch = length_problem(len(noisy), len(clean))
+    if mismatch:  # cut to the shorter side, it was kept without a word
+        return Skipped(str(paths[0]), mismatch)
     return ValPair(name, noisy[:n], clean[:n])
+
+
+def skipped_for(exc: AudioError, *paths: Path) -> Skipped:
+    """A pair skipped for ``exc``, under the file it names (its message starts with that path; else the first
+    of ``paths``), the path not repeated in the reason (skipped.txt said "/x/a.wav: /x/a.wav: not a readable
+    audio file", and named the noisy file when the clean one was unreadable)."""
+    text = str(exc)
+    for path in paths:
+        if text.startswith(f"{path}: "):
+            return Skipped(str(path), text[len(f"{path}: ") :])
+    return Skipped(str(paths[0]), text)
 
 
 def load_val_pairs(root: str, min_seconds: float = 0.5) -> tuple[list[ValPair], list[Skipped]]:
@@ -216,7 +232,7 @@ def load_val_pairs(root: str, min_seconds: float = 0.5) -> tuple[list[ValPair], 
             noisy, _, _ = load_mono_16k(pair.noisy_path)
             clean, _, _ = load_mono_16k(pair.clean_path)
         except AudioError as exc:
-            bad.append(Skipped(str(pair.noisy_path), str(exc)))
+            bad.append(skipped_for(exc, pair.noisy_path, pair.clean_path))
             continue
         checked = checked_val_pair(pair.name, noisy, clean, (pair.noisy_path, pair.clean_path), min_seconds)
         if isinstance(checked, ValPair):
@@ -254,7 +270,7 @@ def _voicebank(cfg: DataConfig, seed: int) -> RecipeData:
             c16 = cache_16k(clean_dir / name, cache / "clean" / name)
             n16 = cache_16k(noisy_dir / name, cache / "noisy" / name)
         except AudioError as exc:
-            skipped.append(Skipped(str(clean_dir / name), str(exc)))
+            skipped.append(skipped_for(exc, clean_dir / name, noisy_dir / name))
             continue
         pairs.append((name, n16, c16))
     speakers = sorted({n.split("_")[0] for n, _, _ in pairs})

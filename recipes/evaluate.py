@@ -40,7 +40,7 @@ from enhance.offline import enhance_waveform
 from models import CheckpointError, Enhancer, get_config, load_checkpoint
 from recipes.interrupt import on_interrupt
 from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics, metrics_problem
-from recipes.pairs import Pair, discover_pairs
+from recipes.pairs import Pair, discover_pairs, length_problem
 from recipes.run_folder import out_folder_problem, write_text
 
 SYSTEMS = ("noisy", "enhanced")
@@ -65,8 +65,9 @@ def _scorer(dnsmos: bool | DNSMOS) -> DNSMOS | None:
 
 def score_pair(
     model: Enhancer, pair: Pair, scorer: DNSMOS | None
-) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
-    """Metrics of the noisy input and of the enhanced output of one pair, and what loading had to convert.
+) -> tuple[dict[str, dict[str, float]], dict[str, int], str | None]:
+    """Metrics of the noisy input and of the enhanced output of one pair, what loading had to convert, and why
+    the pair looks mis-paired (:func:`recipes.pairs.length_problem`; None: it does not).
 
     Raises :class:`enhance.errors.EnhanceError` when a file cannot be read or enhanced.
     """
@@ -82,7 +83,7 @@ def score_pair(
         "multichannel": int(clean_ch > 1 or noisy_ch > 1),
         "length_mismatch": int(len(clean) != len(noisy)),
     }
-    return scores, notes
+    return scores, notes, length_problem(len(noisy), len(clean))
 
 
 def summarize(
@@ -187,6 +188,10 @@ def left_out(result: dict[str, Any]) -> str:
     if result.get("unpaired"):
         text += f"\nLeft out, no partner found ({len(result['unpaired'])}):\n\n"
         text += "".join(f"- {w}\n" for w in result["unpaired"])
+    mismatched = result.get("length_mismatched") or []
+    if mismatched:
+        text += f"\nScored, but their sides' lengths differ (cut to the shorter; {len(mismatched)}):\n\n"
+        text += "".join(f"- {m['name']}: {m['reason']}\n" for m in mismatched)
     return text
 
 
@@ -199,6 +204,7 @@ def evaluate(
     progress: bool | None = None,
     log: Log | None = _stderr,
     unpaired: Sequence[str] = (),
+    settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Score ``pairs`` (the first ``limit`` of them) before and after enhancement and write the reports (none when
     no pair could be scored: the folder's earlier reports are kept).
@@ -208,13 +214,14 @@ def evaluate(
     restored to its previous mode afterwards. Returns what ``summary.json`` holds, with NaN instead of null:
     ``{"summary": {"noisy": {...}, "enhanced": {...}}, "skipped": [...], "n_pairs", "n_evaluated", ...}``.
     ``unpaired``: the files the pairing left out (:func:`recipes.pairs.discover_pairs`'s warnings), recorded
-    in the reports.
+    in the reports. ``settings``: what produced the evaluation (model, pairs, limits), recorded in summary.json.
     """
     selected = list(pairs)[:limit] if limit is not None else list(pairs)
     scorer = _scorer(dnsmos)
     show = sys.stderr.isatty() if progress is None else progress
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, str]] = []
+    mismatched: list[dict[str, str]] = []
     notes = {"resampled": 0, "multichannel": 0, "length_mismatch": 0}
     start = time.perf_counter()
     was_training = model.training
@@ -222,12 +229,16 @@ def evaluate(
     try:
         for pair in tqdm(selected, desc="evaluate", unit="file", disable=not show, file=sys.stderr):
             try:
-                scores, file_notes = score_pair(model, pair, scorer)
+                scores, file_notes, mismatch = score_pair(model, pair, scorer)
             except EnhanceError as exc:
                 skipped.append({"name": pair.name, "reason": str(exc)})
                 if log is not None:
                     log(f"skipped {pair.name}: {exc}")
                 continue
+            if mismatch:  # scored on the common start, as every pair; it was only counted, without a name
+                mismatched.append({"name": pair.name, "reason": mismatch})
+                if log is not None:
+                    log(f"warning: {pair.name}: {mismatch}; scored on the shorter side's length")
             rows.extend({"name": pair.name, "system": s, **scores[s]} for s in SYSTEMS)
             notes = {k: notes[k] + file_notes[k] for k in notes}
     finally:
@@ -239,10 +250,12 @@ def evaluate(
         "n_evaluated": len(rows) // len(SYSTEMS),
         "skipped": skipped,
         "unpaired": list(unpaired),
+        "length_mismatched": mismatched,
         "dnsmos": scorer is not None,
         "files_converted": notes,
         "elapsed_s": round(time.perf_counter() - start, 3),
         "torch_threads": torch.get_num_threads(),  # what elapsed_s was measured with
+        "settings": settings or {},
     }
     # nothing scored: the folder's earlier reports stay (they were replaced by empty ones)
     if result["n_evaluated"]:
@@ -328,8 +341,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         _stderr(f"warning: {warning}")
     _stderr(f"{found.layout} layout: {len(found.pairs)} pairs under {found.root}")
     try:
+        # a result folder says what made it (it gave neither the model nor the pairs)
+        settings = {
+            "checkpoint": str(Path(args.checkpoint).resolve()) if args.checkpoint else None,
+            "model_config": args.model_config,
+            "pairs": str(Path(found.root).resolve()),
+            "layout": found.layout,
+            "pairs_found": len(found.pairs),
+            "limit": args.limit,
+            "max_attenuation_db": model.cfg.max_attenuation_db,
+            "device": args.device,
+            "command": ["tim-evaluate", *(sys.argv[1:] if argv is None else argv)],
+        }
         result = evaluate(
-            model, found.pairs, args.out, dnsmos=not args.no_dnsmos, limit=args.limit, unpaired=found.warnings
+            model,
+            found.pairs,
+            args.out,
+            dnsmos=not args.no_dnsmos,
+            limit=args.limit,
+            unpaired=found.warnings,
+            settings=settings,
         )
     except OSError as exc:  # the tables could not be written (a full disk): say so in one line
         _stderr(f"error: {exc}")

@@ -34,6 +34,21 @@ _DNS_SUBDIRS = (
 )
 
 
+LENGTH_TOLERANCE = 0.05  # noisy and clean sides of a pair may differ by this fraction (and 0.1 s) in length
+
+
+def length_problem(n_noisy: int, n_clean: int, rate: int = 16000) -> str | None:
+    """Why a pair's two sides look mis-paired (None: they do not): lengths that differ by more than 5 % and more
+    than 0.1 s. Pairs are scored on their common start, so such a pair was cut silently."""
+    longer, shorter = max(n_noisy, n_clean), min(n_noisy, n_clean)
+    if longer - shorter <= max(LENGTH_TOLERANCE * longer, 0.1 * rate):
+        return None
+    return (
+        f"noisy {n_noisy / rate:.2f} s and clean {n_clean / rate:.2f} s: lengths differ by more than "
+        f"{LENGTH_TOLERANCE:.0%} (mis-paired files?)"
+    )
+
+
 @dataclass(frozen=True)
 class Pair:
     """One test item: a noisy file and its clean reference, under a unique display name."""

@@ -234,6 +234,11 @@ def test_evaluate_command_end_to_end(tmp_path: Path) -> None:
     assert list(js["summary"]) == ["noisy", "enhanced"]
     assert js["n_pairs"] == js["n_evaluated"] == 3 and js["skipped"] == [] and js["dnsmos"] is True
     assert js["torch_threads"] == 1  # --threads took effect
+    settings = js["settings"]  # what made the folder (it named neither the model nor the pairs)
+    assert settings["model_config"] == "tiny" and settings["checkpoint"] is None
+    assert settings["pairs"] == str(data.resolve()) and settings["layout"] == "dev"
+    assert settings["pairs_found"] == 3 and settings["limit"] is None
+    assert settings["command"][:3] == ["tim-evaluate", "--model-config", "tiny"]
 
     md = (out / "summary.md").read_text()
     assert md.splitlines()[0] == "| " + " | ".join(SUMMARY_COLUMNS) + " |"
@@ -399,6 +404,27 @@ def test_summary_rows_are_means_over_the_same_files() -> None:
     out = summarize(rows + broken, ("pesq", "stoi"), ("noisy", "enhanced", "broken"), ("pesq", "stoi"))
     assert out["noisy"]["pesq"] == 2.0 and out["enhanced"]["stoi"] == pytest.approx(0.7)
     assert math.isnan(out["broken"]["pesq"]) and out["broken"]["n_failed"] == 2
+
+
+def test_a_pair_whose_lengths_differ_is_named_in_the_reports_and_skipped_in_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 0.5-s clean file beside a 1.8-s noisy one (mis-paired) was scored on its first 0.5 s and only counted
+    in files_converted; validation during training kept it without a word."""
+    data = make_dev_set(tmp_path / "data", n=2, seconds=1.8)
+    write(data / "dev" / "clean" / "0001.flac", speech_like(0.5, seed=1))
+    out = tmp_path / "eval"
+    assert main(["--model-config", "tiny", "--pairs", str(data), "--out", str(out), "--no-dnsmos"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: 0001: noisy 1.80 s and clean 0.50 s: lengths differ by more than 5%" in err
+    report = json.loads((out / "summary.json").read_text())
+    assert [m["name"] for m in report["length_mismatched"]] == ["0001"] and report["n_evaluated"] == 2
+    assert "lengths differ" in (out / "summary.md").read_text()
+    from recipes.datasets import load_val_pairs
+
+    kept, skipped = load_val_pairs(str(data))
+    assert [p.name for p in kept] == ["0000"]
+    assert len(skipped) == 1 and "mis-paired" in skipped[0].reason
 
 
 def test_files_without_a_partner_are_recorded_in_the_reports(tmp_path: Path) -> None:
