@@ -232,15 +232,27 @@ def _plot_entropy(path: Path, maps: list[np.ndarray], blocks: list[int]) -> None
 
 @on_interrupt("analyze_competition", "nothing was written (the tables and figures are written at the end)")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m recipes.analyze_competition",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     g = ap.add_mutually_exclusive_group()
-    g.add_argument("--model", default="default")
-    g.add_argument("--checkpoint")
+    g.add_argument("--model", default="default", help="bundled model to analyse (default: %(default)s)")
+    g.add_argument("--checkpoint", help="a .safetensors checkpoint made by the training recipes")
     ap.add_argument("--pairs", required=True, help="a folder of noisy/clean pairs (recipes.pairs layouts)")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--limit", type=int)
-    ap.add_argument("--vad-db", type=float, default=30.0)
-    ap.add_argument("--figures", type=int, default=3)
+    ap.add_argument("--out", required=True, help="folder for the tables and figures")
+    ap.add_argument("--limit", type=int, help="analyse only the first N pairs")
+    ap.add_argument(
+        "--vad-db",
+        type=float,
+        default=30.0,
+        help="a frame is speech when the clean signal is within this many dB of its loudest frame "
+        "(default: %(default)s)",
+    )
+    ap.add_argument(
+        "--figures", type=int, default=3, help="how many files get a map figure (default: %(default)s)"
+    )
     args = ap.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         ap.error("--limit must be >= 1")
@@ -251,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(problem)
     try:
         ck = load_checkpoint(args.checkpoint) if args.checkpoint else load_pretrained(args.model)
-        pairs = discover_pairs(args.pairs).pairs[: args.limit]
+        found = discover_pairs(args.pairs)
+        for warning in found.warnings:  # the files the pairing left out (evaluate says them too)
+            print(f"analyze_competition: warning: {warning}", file=sys.stderr)
+        pairs = found.pairs[: args.limit]
         r = analyze(ck, pairs, Path(args.out), args.vad_db, args.figures)
     except (ValueError, OSError, CheckpointError) as exc:
         print(f"analyze_competition: error: {exc}", file=sys.stderr)
