@@ -256,6 +256,14 @@ def _voicebank(cfg: DataConfig, seed: int) -> RecipeData:
     cache = Path(cfg.cache_dir or Path.home() / ".cache" / "tim-enhance") / (
         "voicebank16k-" + hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:10]
     )
+    try:  # the raw "[Errno 30] Read-only file system" or "[Errno 20] Not a directory" named no setting
+        for side in ("clean", "noisy"):
+            (cache / side).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(
+            f"the VoiceBank cache (--cache-dir, data.cache_dir: {cache.parent}) cannot be made: "
+            f"{exc.strerror or exc} ({exc.filename}); give --cache-dir a folder this user can write"
+        ) from None
     names = sorted(p.name for p in clean_dir.glob("*.wav"))
     skipped: list[Skipped] = [
         Skipped(str(noisy_dir / n), "no clean twin")

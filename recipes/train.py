@@ -300,6 +300,13 @@ def main(argv: list[str] | None = None) -> int:
                 " (the run's data folders, as its config.json gives them; a corpus moved elsewhere: give its "
                 "folders again with --speech/--noise/--val-pairs or --root)"
             )
+        elif args.config and isinstance(exc, FileNotFoundError) and "no such folder" in text:
+            # recipes/configs/default.json's ../shared/data, run from outside the checkout
+            text += (
+                f" (a folder --config {' '.join(args.config)} gives; relative folders in a config are taken "
+                f"from where the command runs, here {Path.cwd()}: run it from there, or give the folders with "
+                "--speech/--noise/--val-pairs or --root)"
+            )
         print(f"tim-train: error: {text}", file=sys.stderr)
         return 2
     # a full disk, a folder this user cannot read or write: no traceback, and what next

@@ -284,6 +284,29 @@ def test_voicebank_holds_out_two_speakers_and_caches_16k_once(voicebank: VoiceBa
     )
 
 
+def test_an_unusable_cache_dir_and_a_configs_relative_folder_say_which_setting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A --cache-dir naming a file gave "[Errno 20] Not a directory"; recipes/configs/default.json run from
+    outside the checkout gave "../shared/data/speech/train: no such folder", neither naming where it came from."""
+    root = build_voicebank(tmp_path / "vb")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    with pytest.raises(ValueError, match=r"the VoiceBank cache \(--cache-dir, data.cache_dir"):
+        build(DataConfig(recipe="voicebank", root=str(root), cache_dir=str(a_file)), seed=0)
+    config = tmp_path / "rel.json"
+    config.write_text(json.dumps({"data": {"speech": ["corpus/speech"], "noise": ["corpus/noise"]}}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code = train_main(
+        ["--config", str(config), "--model", "tiny", "--out", str(tmp_path / "run"), "--epochs", "1"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "corpus/speech: no such folder" in err
+    assert f"relative folders in a config are taken from where the command runs, here {elsewhere}" in err
+
+
 def test_voicebank_reports_its_problems_and_resamples_a_replaced_file_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
