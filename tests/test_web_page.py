@@ -453,7 +453,7 @@ def test_competition_maps_are_drawn_at_the_screens_width(tmp_path: Path) -> None
         assert css_width < 375 and pixels == round(css_width * 2)
         # one mechanism row is 18 CSS pixels whatever the width: the tiny model has one TIM block of 2
         css_height = page.evaluate("document.getElementById('competition-canvas').clientHeight")
-        assert css_height == pytest.approx((2 * 18 + 10 + 10 + 18), abs=2)
+        assert css_height == pytest.approx((2 * 18 + 10 + 10 + 18 + 18), abs=2)  # + the colour bar
         assert page.evaluate(NON_BLANK, "competition-canvas") > 0.2
 
 

@@ -35,7 +35,7 @@ async function errorText(resp) {
   const hint = resp.status === 401 ? " (enter the key in the API key field above)" : "";
   try {
     const body = await resp.json();
-    if (body && body.error) return `${resp.status} ${body.error.code}: ${body.error.message}${hint}`;
+    if (body && body.error) return `${body.error.message}${hint} (${resp.status} ${body.error.code})`;
   } catch (_) { /* not JSON */ }
   return `${resp.status} ${resp.statusText}${hint}`;
 }
@@ -163,12 +163,48 @@ function drawImage(canvas, width, height, pixel) {  // pixel(x, y) -> [r, g, b],
   return off;
 }
 
-function paintSpectrogram(canvas, spec, top) {
+// the smallest round step (s) of at least `raw` seconds: 3.5-s ticks on a minute were hard to read
+function niceStep(raw) {
+  for (const s of [0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600]) if (s >= raw) return s;
+  return Math.ceil(raw / 3600) * 3600;
+}
+
+// ticks and labels in seconds under a plot from x0 over `span` pixels; each label centred on its tick and kept
+// inside the canvas ("10.0 s" at the right end was cut off)
+function timeAxis(ctx, x0, span, duration, y, px) {
+  const step = niceStep(duration / Math.max(2, Math.floor(span / (70 * px))));
+  ctx.fillStyle = "#555";
+  for (let t = 0; t <= duration + 1e-9; t += step) {
+    const x = x0 + (span * t) / Math.max(duration, 1e-9), text = `${step < 1 ? t.toFixed(1) : t.toFixed(0)} s`;
+    const w = ctx.measureText(text).width;
+    ctx.fillRect(x, y, px, 4 * px);
+    ctx.fillText(text, Math.max(0, Math.min(x - w / 2, ctx.canvas.width - w - px)), y + 15 * px);
+  }
+}
+
+// drawn at the canvas' width on screen, with a kHz axis and a time axis (they had none: the top could have been
+// 8 or 22 kHz); `duration` in seconds
+function paintSpectrogram(canvas, spec, top, duration) {
   const { frames, bins, db } = spec;
+  const px = window.devicePixelRatio || 1;
+  canvas.width = Math.round(Math.max(canvas.clientWidth || 600, 240) * px);
+  canvas.height = Math.round(200 * px);
+  const ctx = canvas.getContext("2d"), left = 46 * px, bottom = 20 * px, pad = 6 * px;
+  const w = canvas.width - left - pad, h = canvas.height - bottom - pad;
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, canvas.width, canvas.height);
   const img = drawImage(canvas, frames, bins, (x, y) => colour(MAGMA, (db[x * bins + y] - top + 80) / 80));
-  const ctx = canvas.getContext("2d");
   ctx.imageSmoothingEnabled = false;
-  ctx.drawImage(img, 0, 0, canvas.width, canvas.height);
+  ctx.drawImage(img, left, pad, w, h);
+  ctx.font = `${11 * px}px system-ui, sans-serif`;
+  ctx.fillStyle = "#555";
+  const nyquist = SPEC_RATE / 2000;
+  for (let khz = 0; khz <= nyquist; khz += 2) {
+    const y = pad + h - (h * khz) / nyquist, text = `${khz} kHz`;
+    ctx.fillRect(left - 4 * px, y, 4 * px, px);
+    ctx.fillText(text, left - 6 * px - ctx.measureText(text).width, Math.max(y + 4 * px, 10 * px));
+  }
+  timeAxis(ctx, left, w, duration, pad + h, px);
 }
 
 // Both on one dB scale (the noisy input's peak = top of the colour map), so they can be compared. Each is drawn
@@ -180,8 +216,9 @@ async function drawSpectrograms(noisyBlob, enhancedBlob, isCurrent) {
   const [a, b] = decoded.map((d) => (d.status === "fulfilled" ? spectrogram(d.value.getChannelData(0)) : null));
   let top = -Infinity;
   for (const v of (a || b || { db: [] }).db) top = Math.max(top, v);
-  if (a) paintSpectrogram($("noisy-spectrogram"), a, top);
-  if (b) paintSpectrogram($("enhanced-spectrogram"), b, top);
+  const seconds = decoded.map((d) => (d.status === "fulfilled" ? d.value.duration : 0));
+  if (a) paintSpectrogram($("noisy-spectrogram"), a, top, seconds[0]);
+  if (b) paintSpectrogram($("enhanced-spectrogram"), b, top, seconds[1]);
   const missing = [a ? "" : "input", b ? "" : "output"].filter(Boolean);
   return missing.length ? ` This browser cannot decode the ${missing.join(" or ")}: no spectrogram (nor playback) of it.` : "";
 }
@@ -189,16 +226,19 @@ async function drawSpectrograms(noisyBlob, enhancedBlob, isCurrent) {
 // ---------- competition maps ----------
 
 // Drawn at the canvas' own width on screen (and the screen's pixel density): a fixed 1200-pixel drawing shrunk
-// to a phone's width left 3-pixel labels and 5-pixel rows. Redrawn when the window's width changes.
+// to a phone's width left 3-pixel labels and 5-pixel rows. Redrawn when the window's width changes. Mechanism 0
+// is each block's top row, as in the summary table (it was the bottom one), each row is labelled, and a colour
+// bar says what bright means.
 let lastAnalysis = null;
 function drawCompetition(canvas, analysis) {
   lastAnalysis = analysis;
   const px = window.devicePixelRatio || 1;
   canvas.width = Math.round(Math.max(canvas.clientWidth || 600, 240) * px);
-  const ctx = canvas.getContext("2d"), label = 70 * px, rowH = 18 * px, gap = 10 * px, axis = 18 * px;
+  const ctx = canvas.getContext("2d"), label = 84 * px, rowH = 18 * px, gap = 10 * px, axis = 18 * px;
+  const legend = 18 * px;
   const blocks = analysis.blocks;
   const mechanisms = (b) => (b.maps.length ? b.maps[0].length : analysis.n_mechanisms);
-  canvas.height = Math.max(40, blocks.reduce((h, b) => h + mechanisms(b) * rowH + gap, 0) + gap + axis);
+  canvas.height = Math.max(40, blocks.reduce((h, b) => h + mechanisms(b) * rowH + gap, 0) + gap + axis + legend);
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, canvas.width, canvas.height);
   ctx.fillStyle = "#333";
@@ -207,22 +247,30 @@ function drawCompetition(canvas, analysis) {
   let y = gap;
   for (const block of blocks) {
     const frames = block.maps.length, ns = mechanisms(block);
-    const img = drawImage(canvas, Math.max(1, frames), ns, (x, k) => colour(VIRIDIS, frames ? block.maps[x][k] : 0));
+    // drawImage's rows count from the bottom: mechanism k at row ns - 1 - k puts mechanism 0 on top
+    const img = drawImage(canvas, Math.max(1, frames), ns, (x, r) => colour(VIRIDIS, frames ? block.maps[x][ns - 1 - r] : 0));
     ctx.imageSmoothingEnabled = false;
-    ctx.drawImage(img, label, y, canvas.width - label - 4, ns * rowH);
+    ctx.drawImage(img, label, y, canvas.width - label - 4 * px, ns * rowH);
     ctx.fillStyle = "#333";
-    ctx.fillText(`block ${block.block}`, 6 * px, y + (ns * rowH) / 2 + 4 * px);
+    ctx.fillText(`block ${block.block}`, 4 * px, y + (ns * rowH) / 2 + 4 * px);
+    ctx.fillStyle = "#666";
+    for (let k = 0; k < ns; k++) {
+      const text = `m${k}`;
+      ctx.fillText(text, label - 4 * px - ctx.measureText(text).width, y + k * rowH + rowH / 2 + 4 * px);
+    }
     y += ns * rowH + gap;
   }
-  const span = canvas.width - label - 4 * px;
-  const ticks = Math.max(2, Math.floor(span / (60 * px)));  // labels about 60 screen pixels apart at least
-  const step = Math.max(0.5, Math.ceil((analysis.duration_s / ticks) * 2) / 2);
-  ctx.fillStyle = "#666";
-  for (let t = 0; t <= analysis.duration_s + 1e-9; t += step) {
-    const x = label + (span * t) / Math.max(analysis.duration_s, 1e-9);
-    ctx.fillRect(x, y - gap + 2 * px, px, 4 * px);
-    ctx.fillText(`${t.toFixed(1)} s`, Math.min(x, canvas.width - 30 * px), y + 10 * px);
+  timeAxis(ctx, label, canvas.width - label - 4 * px, analysis.duration_s, y - gap + 2 * px, px);
+  // the colour bar: score 0 (loses the frame) to 1 (wins it)
+  const barW = 90 * px, barY = y + axis - 2 * px, barX = canvas.width - barW - 90 * px;
+  for (let i = 0; i < barW; i++) {
+    const [r, g, b] = colour(VIRIDIS, i / (barW - 1));
+    ctx.fillStyle = `rgb(${r},${g},${b})`;
+    ctx.fillRect(barX + i, barY, 1, 10 * px);
   }
+  ctx.fillStyle = "#555";
+  ctx.fillText("score 0", barX - ctx.measureText("score 0").width - 4 * px, barY + 9 * px);
+  ctx.fillText("1 (wins)", barX + barW + 4 * px, barY + 9 * px);
 }
 let drawnWidth = window.innerWidth;
 window.addEventListener("resize", () => {
@@ -237,13 +285,15 @@ function escapeHtml(s) {
 
 function showSummary(a) {
   const rows = a.blocks.map((b) =>
-    `<tr><td>${b.block}</td><td>${b.mean_entropy.toFixed(3)} / ${b.max_entropy.toFixed(3)}</td>` +
+    `<tr><td>${b.block}</td><td>${b.mean_entropy.toFixed(3)} of ${b.max_entropy.toFixed(3)}</td>` +
     `<td>${b.win_share.map((w) => (100 * w).toFixed(0) + "%").join(" · ")}</td></tr>`).join("");
+  const names = Array.from({ length: a.n_mechanisms }, (_, k) => `m${k}`).join(" · ");
   const level = (v) => (v === null ? "silent" : `${v.toFixed(1)} dBFS`);
   $("analysis-summary").innerHTML =
     `<p>Model <b>${escapeHtml(a.model)}</b>, ${a.duration_s.toFixed(2)} s at ${a.sample_rate} Hz, ${a.channels} channel(s); ` +
     `input ${level(a.input_rms_dbfs)}, output ${level(a.output_rms_dbfs)}.</p>` +
-    (rows ? `<table><tr><th>block</th><th>mean entropy (nats)</th><th>frames won</th></tr>${rows}</table>` : "");
+    (rows ? `<table><tr><th>block</th><th>mean entropy, nats (of at most ln ${a.n_mechanisms}: no preference)</th>` +
+      `<th>frames won by ${names}</th></tr>${rows}</table>` : "");
 }
 
 // ---------- the flow ----------
@@ -329,7 +379,10 @@ async function run(blob, name) {
     if (!isCurrent()) return;  // a newer run (or Cancel) owns the page
     setState("error", `Error: ${errorMessage(err)}${stillRecording()}`);
   } finally {
-    if (isCurrent()) $("cancel-btn").hidden = true;
+    if (isCurrent()) {
+      if (document.activeElement === $("cancel-btn")) $("file-input").focus();  // not lost with the button
+      $("cancel-btn").hidden = true;
+    }
   }
 }
 
@@ -341,6 +394,8 @@ function cancelRun() {
   runAbort = null;
   $("cancel-btn").hidden = true;
   clearResults();
+  $("file-input").value = "";  // it still named the cancelled file beside "Choose a file to start"
+  $("file-input").focus();  // the hidden Cancel button held the keyboard focus: it fell to the page
   setState("idle", `Cancelled. ${READY_TEXT}${stillRecording()}`);
 }
 
