@@ -455,6 +455,19 @@ def test_competition_maps_are_drawn_at_the_screens_width(tmp_path: Path) -> None
         css_height = page.evaluate("document.getElementById('competition-canvas').clientHeight")
         assert css_height == pytest.approx((2 * 18 + 10 + 10 + 18 + 18), abs=2)  # + the colour bar
         assert page.evaluate(NON_BLANK, "competition-canvas") > 0.2
+        # mechanism 0 is the top row, as in the table (it was drawn at the bottom): a map where it wins every
+        # frame is bright (viridis yellow) on top and dark (purple) below
+        top, below = page.evaluate(
+            """() => {
+                const c = document.getElementById('competition-canvas');
+                drawCompetition(c, {duration_s: 1, n_mechanisms: 2, blocks: [{block: 3, maps: [[1, 0], [1, 0]]}]});
+                const px = window.devicePixelRatio, x = Math.round(c.width * 0.6);
+                const at = (y) => Array.from(c.getContext('2d').getImageData(x, Math.round(y * px), 1, 1).data);
+                return [at(10 + 9), at(10 + 18 + 9)];
+            }"""
+        )
+        assert top[0] > 200 and top[1] > 200 and top[2] < 100, top  # (253, 231, 37)
+        assert below[0] < 100 and below[1] < 50 and below[2] > 60, below  # (68, 1, 84)
 
 
 def test_recording_outside_a_secure_context_says_why_it_cannot(tmp_path: Path) -> None:
@@ -516,6 +529,9 @@ def test_cancel_stops_a_run_and_the_next_file_runs(tmp_path: Path) -> None:
         page.wait_for_function("document.getElementById('cancel-btn').hidden === false", timeout=10000)
         page.click("#cancel-btn")
         assert page.evaluate("document.body.dataset.state") == "idle"
+        # the file input no longer names the cancelled file, and holds the focus the hidden button had
+        assert page.evaluate("document.getElementById('file-input').value") == ""
+        assert page.evaluate("document.activeElement.id") == "file-input"
         assert b.status().startswith("Cancelled."), b.status()
         assert not page.locator("#cancel-btn").is_visible()
         page.wait_for_function(
