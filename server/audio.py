@@ -158,6 +158,7 @@ def file_rms_dbfs(data: bytes, block_frames: int = 1 << 16) -> float | None:
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_UNSAFE_IN_TEXT = re.compile(r"[^\w. -]+")  # messages keep letters of any script and spaces
 
 
 def _client_stem(filename: str) -> str:
@@ -176,6 +177,15 @@ def download_disposition(filename: str | None, stem: str, suffix: str) -> str:
     if full and full != stem:
         header += f"; filename*=UTF-8''{urllib.parse.quote(full + suffix, safe='')}"
     return header
+
+
+def safe_name(filename: str | None, default: str = "upload") -> str:
+    """A client's file name as the server's messages give it: no directories, no odd characters, but with its
+    extension ("bad.wav: not a readable audio file"; the stem alone, "bad: ...", read as another file)."""
+    if not filename:
+        return default
+    name = _UNSAFE_IN_TEXT.sub("_", re.split(r"[\\/]", filename)[-1]).strip("_- ")[:100]
+    return name if name.strip(".") else default
 
 
 def safe_stem(filename: str | None, default: str = "audio") -> str:

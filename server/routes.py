@@ -19,6 +19,7 @@ from server.audio import (
     multipart_form,
     negotiate_analyze_format,
     negotiate_audio_format,
+    safe_name,
     safe_stem,
     warning_header,
 )
@@ -160,7 +161,7 @@ async def _receive(request: Request, model: str | None) -> tuple[LoadedModel, Up
     lm = _precheck(request, model)
     cfg = request.app.state.config
     upload = await read_upload(request, cfg.max_upload_bytes, cfg.upload_timeout_s)
-    name = safe_stem(upload.filename, "upload")
+    name = safe_name(upload.filename)  # for messages; downloads are named by safe_stem
     limits = _limits(request)
     return lm, upload, name, limits, inspect_upload(upload.data, name, limits)
 
@@ -248,14 +249,14 @@ async def enhance(
         lambda: client_gone(request),
     )
     state.metrics.audio_seconds.inc(result.duration_s, route="/v1/enhance")
-    ext = OUTPUT_FORMATS[fmt][2]
+    ext, stem = OUTPUT_FORMATS[fmt][2], safe_stem(upload.filename, "upload")
     headers = {
         "X-Audio-Duration": f"{result.duration_s:.4f}",
         "X-Processing-Seconds": f"{timed.seconds:.4f}",
         "X-Model": lm.name,
         "X-Sample-Rate": str(result.sample_rate),
         "X-Channels": str(result.channels),
-        "Content-Disposition": download_disposition(upload.filename, name, f".enhanced.{ext}"),
+        "Content-Disposition": download_disposition(upload.filename, stem, f".enhanced.{ext}"),
     }
     if result.warnings:  # the CLI prints them; a client gets them here
         headers["X-Enhance-Warning"] = warning_header(result.warnings)
@@ -344,7 +345,7 @@ async def analyze(
     content, content_type = multipart_form(
         [
             ("analysis", "application/json", bytes(analysis), None),
-            ("audio", media, encoded, f"{name}.enhanced.{ext}"),
+            ("audio", media, encoded, f"{safe_stem(upload.filename, 'upload')}.enhanced.{ext}"),
         ]
     )
     return Response(content, media_type=content_type, headers=headers)

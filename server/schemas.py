@@ -15,7 +15,7 @@ MODEL_NAME_MAX = 100  # characters of a model name in a request (?model=, a stre
 class ErrorDetail(BaseModel):
     code: str = Field(description="stable machine-readable reason", examples=["invalid_audio"])
     message: str = Field(
-        description="one line for humans", examples=["upload: 1 sample(s) are NaN or infinite"]
+        description="one line for humans", examples=["take.wav: 1 sample(s) are NaN or infinite"]
     )
 
 

@@ -185,7 +185,7 @@ def test_upload_enhance_and_draw(tmp_path: Path) -> None:
         silent = tmp_path / "silent.wav"
         silent.write_bytes(wav_bytes(np.zeros((16000, 1), np.float32), 16000))
         assert b.upload(silent) == "done", b.status()
-        assert "Warning: silent: all samples are zero (digital silence)." in b.status(), b.status()
+        assert "Warning: silent.wav: all samples are zero (digital silence)." in b.status(), b.status()
         assert b.posts_to("v1/analyze") == 4
         # a readable file that cannot be enhanced: the server's error, and the page does not re-encode and post it
         nan = tmp_path / "nan.wav"
