@@ -203,6 +203,57 @@ def _looks_like_mp3(head: bytes) -> bool:
     )
 
 
+_MPEG_KBPS = {  # (MPEG-1?, layer) -> bitrate (kbit/s) by index 1-14
+    (True, 1): (32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448),
+    (True, 2): (32, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384),
+    (True, 3): (32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),
+    (False, 1): (32, 48, 56, 64, 80, 96, 112, 128, 144, 160, 176, 192, 224, 256),
+    (False, 2): (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160),
+    (False, 3): (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160),
+}
+_MPEG_RATES = {3: (44100, 48000, 32000), 2: (22050, 24000, 16000), 0: (11025, 12000, 8000)}
+
+
+def mpeg_frame(head: bytes) -> tuple[int, int] | None:
+    """The length in bytes of the MPEG audio frame whose 4-byte header starts ``head``, and the header's fixed
+    fields (version, layer, rate) as one number to compare with the next frame's; None if it is not a valid
+    header (no sync word, a reserved version, layer or rate, a free or bad bitrate)."""
+    if len(head) < 4 or head[0] != 0xFF or head[1] & 0xE0 != 0xE0:
+        return None
+    version, layer, index, rate_index = (
+        (head[1] >> 3) & 3,
+        4 - ((head[1] >> 1) & 3),
+        head[2] >> 4,
+        (head[2] >> 2) & 3,
+    )
+    if version == 1 or layer == 4 or not 1 <= index <= 14 or rate_index == 3:
+        return None
+    kbps, rate, padding = (
+        _MPEG_KBPS[(version == 3, layer)][index - 1],
+        _MPEG_RATES[version][rate_index],
+        (head[2] >> 1) & 1,
+    )
+    if layer == 1:
+        length = (12_000 * kbps // rate + padding) * 4
+    else:
+        length = (144_000 if layer == 2 or version == 3 else 72_000) * kbps // rate + padding
+    return length, head[1] & 0xFE | rate_index << 8
+
+
+def mpeg_stream(data: bytes) -> bool | None:
+    """Whether ``data`` starts with two consecutive MPEG audio frames (an MP3 without an ID3 tag: its first
+    header alone is also a plausible pair of PCM samples); None when a first valid header needs more bytes to
+    tell."""
+    first = mpeg_frame(data[:4])
+    if first is None:
+        return False
+    length, fields = first
+    if len(data) < length + 4:
+        return None
+    second = mpeg_frame(data[length : length + 4])
+    return second is not None and second[1] == fields
+
+
 # the first bytes of the containers libsndfile reads (W64 starts "riff"); MP3 is _looks_like_mp3's
 CONTAINER_MAGIC = (b"RIFF", b"RIFX", b"RF64", b"fLaC", b"OggS", b"FORM", b"caff", b".snd", b"riff")
 PIPE_CHECK_BYTES = 1 << 20  # a pipe's first MiB must show audio before the rest is read into memory

@@ -17,7 +17,14 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from enhance.audio_io import CONTAINER_MAGIC, MAX_FLOAT_SAMPLE, AudioError, pcm_frames, sample_value_error
+from enhance.audio_io import (
+    CONTAINER_MAGIC,
+    MAX_FLOAT_SAMPLE,
+    AudioError,
+    mpeg_stream,
+    pcm_frames,
+    sample_value_error,
+)
 from enhance.rate_bridge import RateBridge
 from enhance.streaming import StreamingEnhancer
 from models.enhancer import Enhancer
@@ -80,10 +87,17 @@ def stream_pcm(
         if not more:
             break
         head += more
-    # WAV, FLAC, Ogg, AIFF, CAF, AU, W64, and MP3 with an ID3 tag (untagged MP3's sync word is also PCM)
-    if head in CONTAINER_MAGIC or head[:3] == b"ID3":
+    # WAV, FLAC, Ogg, AIFF, CAF, AU, W64, an MP3 with an ID3 tag, and an untagged MP3: its first frame header
+    # alone is also a plausible pair of PCM samples, so a valid one waits for the next frame's (it was enhanced as
+    # PCM: noise out, exit 0)
+    while mpeg_stream(head) is None:
+        more = read(4096)
+        if not more:
+            break
+        head += more
+    if head[:4] in CONTAINER_MAGIC or head[:3] == b"ID3" or mpeg_stream(head):
         raise AudioError(
-            f"<stdin>: starts like an encoded audio file ({head.decode(errors='replace')}), but --stream - -o - reads raw PCM: "
+            f"<stdin>: starts like an encoded audio file ({head[:4].decode(errors='replace')}), but --stream - -o - reads raw PCM: "
             "leave out --stream to enhance an encoded file from stdin"
         )
     pending = head

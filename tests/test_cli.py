@@ -822,6 +822,16 @@ def test_raw_pipe_reports_a_cut_sample_and_an_encoded_file(tmp_path: Path, ckpt:
         assert proc.returncode == 1 and b"starts like an encoded audio file (" + head in proc.stderr, (
             proc.stderr
         )
+    if "MP3" in sf.available_formats():  # untagged (libsndfile writes none): noise out, exit 0
+        buf = io.BytesIO()
+        sf.write(buf, noisy(0.3, 16000), 16000, format="MP3")
+        assert buf.getvalue()[:1] == b"\xff"  # what the test is about: a bare frame header, no ID3 tag
+        proc = cli("--stream", "-", "-o", "-", "--checkpoint", ckpt, stdin=buf.getvalue())
+        assert proc.returncode == 1 and b"starts like an encoded audio file" in proc.stderr, proc.stderr
+    # PCM that starts with a valid MPEG frame header, but no second one a frame later, is PCM
+    header = bytes.fromhex("fff388c4")  # MPEG-2 layer III, 64 kbit/s at 16 kHz: frames of 288 bytes
+    proc = cli("--stream", "-", "-o", "-", "--checkpoint", ckpt, stdin=header + pcm)
+    assert proc.returncode == 0 and len(proc.stdout) == len(header + pcm), proc.stderr
     # no BytesIO repr in the reason
     proc = cli("-", "-o", "-", "--checkpoint", ckpt, stdin=b"garbage, not audio")
     assert proc.returncode == 1 and b"<stdin>: not a readable audio file (Error opening it" in proc.stderr
