@@ -41,14 +41,25 @@ or stream raw PCM in real time over a WebSocket. Errors are `{"error": {"code": 
 When the server has an API key, `/v1/*` needs `X-API-Key: KEY` or `Authorization: Bearer KEY`.
 
 **WebSocket `/v1/stream`** (not part of OpenAPI):
-1. send JSON `{"sample_rate": 16000, "channels": 1, "format": "s16le"}` (`f32le` also; optional `model`,
-   `api_key`); the server answers `{"type": "ready", "latency_ms": 48.0, ...}`;
+1. send JSON `{"type": "start", "sample_rate": 16000, "channels": 1, "format": "s16le"}` (every field optional,
+   these are the defaults; `f32le` also; optional `model`, `api_key` (browsers cannot set headers), `resampling`:
+   `high`|`low_latency`, `high_band`: `gate`|`drop`); the server answers `{"type": "ready", "model", "sample_rate",
+   "channels", "format", "latency_ms", "engine_latency_ms", "resampling_ms", "engine_sample_rate"}`: `latency_ms`
+   is the most audio held back in steady state, the engine's delay (`engine_latency_ms`, 48 ms) plus the
+   resamplers' (`resampling_ms`, 0 at 16 kHz);
 2. send binary frames of interleaved little-endian PCM of any length; enhanced PCM in the same rate, channels and
-   format comes back in binary frames as it becomes final;
-3. send `{"type": "end"}`: the rest comes back, then `{"type": "done", "samples": N}` and a normal close (1000).
+   format comes back in binary frames as it becomes final. Output sample i is input sample i (no padding, no
+   timestamps): the output only lags, by at most `latency_ms`;
+3. send `{"type": "end"}` (any case): the rest comes back, then `{"type": "done", "samples": N}` (N per channel,
+   equal to the samples sent) and a normal close (1000). Anything sent after `end` is not read.
 
-Errors are `{"type": "error", "code": "...", "error": "..."}` followed by close code 1003 (bad data: frame
-size, NaN), 1008 (bad start message, API key, unknown model, too long) or 1013 (busy, loading).
+Errors are `{"type": "error", "code": "...", "message": "...", "error": "..."}` (`error`: the same text, for
+earlier clients) followed by close code 1003 (`expected_start`: binary before the start message; `bad_frame`: not
+a whole number of samples; `nan_samples`, `bad_samples`; `bad_message`: text other than `end`), 1008 (`bad_start`,
+`unauthorized`, `model_not_found`, `too_many_channels`, `stream_too_long`: the audio up to the limit comes back
+first; `idle_timeout`: nothing sent and nothing being enhanced for `--stream-idle-timeout` s, WebSocket pings do not
+count, the audio received comes back first), 1009 (a text message over 4096 characters) or 1013 (`busy`,
+`model_loading`: try again in a few seconds), 1011 (`internal_error`).
 """
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 # the response headers a cross-origin page may read (beyond the CORS-safelisted ones)

@@ -72,22 +72,31 @@ AUDIO_REQUEST_BODY: dict[str, Any] = {
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     texts = {
-        400: "empty body or malformed multipart",
+        400: "`empty_body`, or `bad_multipart`: malformed multipart",
         408: "the upload took longer than the upload timeout",
         401: "API key missing or wrong (only when the server has one)",
-        404: "no loaded model of that name",
+        404: "`model_not_found`: no loaded model of that name",
         406: "cannot produce the requested output format",
         413: "upload, audio duration or samples (duration x channels x rate) over the limit",
-        415: "Content-Type is not multipart/form-data, audio/* or application/octet-stream",
+        415: "`unsupported_media_type`: Content-Type is not multipart/form-data, audio/* or application/octet-stream",
         422: "audio that cannot be enhanced: `unsupported_format` (not a container/codec the server reads: "
         "convert it, e.g. to WAV), `invalid_audio` (corrupt, zero-length, NaN/inf samples), "
         "`unsupported_output` (the output format cannot hold the input's rate: Ogg Vorbis above 200 kHz, FLAC above 655,350 Hz), "
         "`unknown_parameter` (a query parameter the route does not take: a misspelt name was ignored), "
-        "`repeated_parameter` (one given twice), or bad parameter values (`invalid_request`)",
-        503: "model loading, or all enhancement slots busy and the wait queue full or too slow (see Retry-After)",
+        "`repeated_parameter` (one given twice), `missing_file` (no file part), or bad parameter values "
+        "(`invalid_request`)",
+        503: "`model_loading`, or `busy`: all enhancement slots busy and the wait queue full or too slow; retry "
+        "after the Retry-After header's seconds",
         504: "processing took longer than the request timeout",
     }
-    return {c: {"model": ErrorResponse, "description": texts[c]} for c in codes}
+    out: dict[int | str, dict[str, Any]] = {
+        c: {"model": ErrorResponse, "description": texts[c]} for c in codes
+    }
+    if 503 in out:  # generated clients read it from here (it was only named in the text)
+        out[503]["headers"] = {
+            "Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}
+        }
+    return out
 
 
 AUDIO_ERRORS = _errors(400, 401, 404, 408, 413, 415, 422, 503, 504)

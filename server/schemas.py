@@ -155,6 +155,8 @@ class StreamStart(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    # optional: every other message of the protocol has a "type", so clients send one here too (it was refused)
+    type: Literal["start"] = "start"
     sample_rate: int = Field(16000, ge=MIN_RATE, le=MAX_STREAM_RATE)
     # the server's --max-channels (default 8) is checked after this, as for a POST
     channels: int = Field(1, ge=1, le=MAX_CHANNELS)
@@ -181,7 +183,7 @@ class StreamStart(BaseModel):
             raise ValueError("must be a JSON number, not a string or a boolean")
         return value
 
-    @field_validator("format", "resampling", "high_band", mode="before")
+    @field_validator("type", "format", "resampling", "high_band", mode="before")
     @classmethod
     def _any_case(cls, value: Any) -> Any:
         """Names in any case, as the POST's query parameters take them ("GATE", "S16LE")."""
@@ -201,4 +203,4 @@ class StreamReady(BaseModel):
     resampling_ms: float = Field(
         description="the most the two resamplers add to the engine's delay (0 at 16 kHz), with 10 ms frames"
     )
-    engine_sample_rate: int = 16000
+    engine_sample_rate: int = Field(16000, description="the rate the model works at (the engine's input)")

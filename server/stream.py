@@ -233,7 +233,9 @@ async def _send_error(ws: WebSocket, err: StreamError, metrics: Metrics) -> None
         return  # its send buffer is full: nothing more gets through, not even a close frame
     with contextlib.suppress(Exception):
         await asyncio.wait_for(
-            ws.send_json({"type": "error", "code": err.code, "error": err.message}), SEND_ERROR_TIMEOUT_S
+            # "message" as in the HTTP errors' {"error": {"code", "message"}}; "error" kept for earlier clients
+            ws.send_json({"type": "error", "code": err.code, "message": err.message, "error": err.message}),
+            SEND_ERROR_TIMEOUT_S,
         )
         await asyncio.wait_for(
             ws.close(err.close_code, reason=err.message.encode()[:120].decode(errors="ignore")),
@@ -403,6 +405,15 @@ async def _enhance_piece(
         )
 
 
+async def _finish(ws: WebSocket, session: Session, work: Work, idle_s: float) -> None:
+    """Enhance and send what the stream still holds (the engine's window and lookahead, the resamplers'), up to
+    the input's length."""
+    with work.running_call():
+        y = await anyio.to_thread.run_sync(_in_worker, session.finish)
+    if y.shape[1]:
+        await _send(ws, encode_pcm(y, session.start.format), idle_s)
+
+
 async def _process(
     ws: WebSocket,
     inbox: Inbox[Message | StreamError],
@@ -421,6 +432,15 @@ async def _process(
         msg = held if held is not None else await inbox.get()
         held = None
         if isinstance(msg, StreamError):
+            if (
+                msg.code == "idle_timeout" and session.received
+            ):  # the audio it holds goes back first (it was lost)
+                await _finish(ws, session, work, idle_s)
+                msg = StreamError(
+                    msg.code,
+                    f"{msg.message}; the {session.sent} samples per channel received were enhanced and sent",
+                    msg.close_code,
+                )
             raise msg
         if msg["type"] == "websocket.disconnect":
             return "disconnected"
@@ -450,10 +470,7 @@ async def _process(
             raise StreamError(
                 "bad_message", 'unknown message; send binary PCM or {"type": "end"}', UNSUPPORTED_DATA
             )
-        with work.running_call():
-            y = await anyio.to_thread.run_sync(_in_worker, session.finish)
-        if y.shape[1]:
-            await _send(ws, encode_pcm(y, start.format), idle_s)
+        await _finish(ws, session, work, idle_s)
         await ws.send_json({"type": "done", "samples": session.sent})
         await ws.close(1000)
         return "done"
