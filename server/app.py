@@ -58,8 +58,8 @@ earlier clients) followed by close code 1003 (`expected_start`: binary before th
 a whole number of samples; `nan_samples`, `bad_samples`; `bad_message`: text other than `end`), 1008 (`bad_start`,
 `unauthorized`, `model_not_found`, `too_many_channels`, `stream_too_long`: the audio up to the limit comes back
 first; `idle_timeout`: nothing sent and nothing being enhanced for `--stream-idle-timeout` s, WebSocket pings do not
-count, the audio received comes back first), 1009 (a text message over 4096 characters) or 1013 (`busy`,
-`model_loading`: try again in a few seconds), 1011 (`internal_error`).
+count, the audio received comes back first), 1009 (a text message over 4096 characters), 1013 (`busy`,
+`model_loading`: try again after the error's `retry_after` seconds) or 1011 (`internal_error`).
 """
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 # the response headers a cross-origin page may read (beyond the CORS-safelisted ones)

@@ -234,7 +234,11 @@ async def _send_error(ws: WebSocket, err: StreamError, metrics: Metrics) -> None
     with contextlib.suppress(Exception):
         await asyncio.wait_for(
             # "message" as in the HTTP errors' {"error": {"code", "message"}}; "error" kept for earlier clients
-            ws.send_json({"type": "error", "code": err.code, "message": err.message, "error": err.message}),
+            ws.send_json(
+                {"type": "error", "code": err.code, "message": err.message, "error": err.message}
+                # busy or loading: when to try again, as the HTTP routes' Retry-After says it
+                | ({"retry_after": ws.app.state.config.retry_after_s} if err.close_code == TRY_LATER else {})
+            ),
             SEND_ERROR_TIMEOUT_S,
         )
         await asyncio.wait_for(

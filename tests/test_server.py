@@ -909,7 +909,9 @@ def test_stream_limits(checkpoint: Path, model: Enhancer) -> None:
             with connect(url, open_timeout=30) as second:  # only one stream at a time
                 second.send(json.dumps({"api_key": "k"}))
                 err = json.loads(second.recv(timeout=30))
-                assert err["code"] == "busy"
+                assert (
+                    err["code"] == "busy" and err["retry_after"] == config.retry_after_s
+                )  # as HTTP's Retry-After
                 with pytest.raises(ConnectionClosed):
                     second.recv(timeout=10)
                 assert second.close_code == 1013
