@@ -17,6 +17,11 @@ class ErrorDetail(BaseModel):
     message: str = Field(
         description="one line for humans", examples=["take.wav: 1 sample(s) are NaN or infinite"]
     )
+    details: list[dict[str, Any]] | None = Field(
+        None,
+        description="invalid_request only: each invalid parameter, as {loc: [where, name], message}",
+        examples=[[{"loc": ["query", "format"], "message": "Input should be 'wav', 'flac' or 'ogg'"}]],
+    )
 
 
 class ErrorResponse(BaseModel):
