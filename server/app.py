@@ -50,12 +50,15 @@ When the server has an API key, `/v1/*` needs `X-API-Key: KEY` or `Authorization
 2. send binary frames of interleaved little-endian PCM of any length; enhanced PCM in the same rate, channels and
    format comes back in binary frames as it becomes final. Output sample i is input sample i (no padding, no
    timestamps): the output only lags, by at most `latency_ms`;
-3. send `{"type": "end"}` (any case): the rest comes back, then `{"type": "done", "samples": N}` (N per channel,
+3. optionally, `{"type": "flush"}` (push-to-talk, mute): all the audio sent so far comes back (the last 32-48 ms,
+   more with resampling, are otherwise held until more audio comes), then `{"type": "flushed", "samples": N}`;
+   the stream goes on, its next audio enhanced as a new segment (the model's context starts again);
+4. send `{"type": "end"}` (any case): the rest comes back, then `{"type": "done", "samples": N}` (N per channel,
    equal to the samples sent) and a normal close (1000). Anything sent after `end` is not read.
 
 Errors are `{"type": "error", "code": "...", "message": "...", "error": "..."}` (`error`: the same text, for
 earlier clients) followed by close code 1003 (`expected_start`: binary before the start message; `bad_frame`: not
-a whole number of samples; `nan_samples`, `bad_samples`; `bad_message`: text other than `end`), 1008 (`bad_start`,
+a whole number of samples; `nan_samples`, `bad_samples`; `bad_message`: text other than `flush` or `end`), 1008 (`bad_start`,
 `unauthorized`, `model_not_found`, `too_many_channels`, `stream_too_long`: the audio up to the limit comes back
 first; `idle_timeout`: nothing sent and nothing being enhanced for `--stream-idle-timeout` s, WebSocket pings do not
 count, the audio received comes back first), 1009 (a text message over 4096 characters), 1013 (`busy`,

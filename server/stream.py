@@ -118,12 +118,24 @@ class Session:
 
     def __init__(self, engine: StreamingEnhancer, start: StreamStart) -> None:
         self.engine, self.start = engine, start
-        rate, ch = start.sample_rate, start.channels
-        self.bridge = RateBridge(
-            rate, ch, high_band=start.high_band == "gate", quality=SOXR_QUALITY[start.resampling]
-        )
+        self.bridge = self._bridge()
         self.received = 0  # samples per channel in
         self.sent = 0  # samples per channel out
+
+    def _bridge(self) -> RateBridge:
+        start = self.start
+        return RateBridge(
+            start.sample_rate,
+            start.channels,
+            high_band=start.high_band == "gate",
+            quality=SOXR_QUALITY[start.resampling],
+        )
+
+    def restart(self) -> None:
+        """After :meth:`finish` (a ``flush``): the next audio starts a new segment, enhanced as a new stream
+        would enhance it (the model's context and the resamplers start again); the counters go on."""
+        self.engine.reset()
+        self.bridge = self._bridge()
 
     def _take(self, y: np.ndarray) -> np.ndarray:
         y = y[:, : max(0, self.received - self.sent)]
@@ -366,8 +378,21 @@ async def _read_into(ws: WebSocket, inbox: Inbox[Message | StreamError], idle_s:
             await inbox.put(err)
             return
         await inbox.put(msg)
-        if msg["type"] == "websocket.disconnect" or msg.get("bytes") is None:
+        if msg["type"] == "websocket.disconnect" or (msg.get("bytes") is None and _kind(msg) != "flush"):
             return  # a disconnect, or text: "end" (or an error), after which nothing more is read
+
+
+def _kind(msg: Message) -> str | None:
+    """A text message's ``type``, lower case (None: not JSON text with a string type)."""
+    text = msg.get("text")
+    if text is None or len(text) > MAX_TEXT_CHARS:
+        return None
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    kind = data.get("type") if isinstance(data, dict) else None
+    return kind.lower() if isinstance(kind, str) else None
 
 
 def _decode(msg: Message, start: StreamStart) -> np.ndarray:
@@ -470,11 +495,18 @@ async def _process(
             continue
         message = _json_text(msg.get("text") or "", "bad_message", "a text message", UNSUPPORTED_DATA)
         kind = message.get("type") if isinstance(message, dict) else None
-        if not isinstance(kind, str) or kind.lower() != "end":  # any case, as the start message's names
+        kind = kind.lower() if isinstance(kind, str) else None  # any case, as the start message's names
+        if kind not in ("end", "flush"):
             raise StreamError(
-                "bad_message", 'unknown message; send binary PCM or {"type": "end"}', UNSUPPORTED_DATA
+                "bad_message",
+                'unknown message; send binary PCM, {"type": "flush"} or {"type": "end"}',
+                UNSUPPORTED_DATA,
             )
         await _finish(ws, session, work, idle_s)
+        if kind == "flush":  # push-to-talk, mute: the held audio back now, and the stream goes on
+            session.restart()
+            await ws.send_json({"type": "flushed", "samples": session.sent})
+            continue
         await ws.send_json({"type": "done", "samples": session.sent})
         await ws.close(1000)
         return "done"

@@ -815,6 +815,39 @@ def test_stream_end_in_any_case(server: RunningServer) -> None:
         assert received == 1600
 
 
+@pytest.mark.parametrize("rate", [16000, 48000])
+def test_stream_flush_returns_the_held_audio_and_the_stream_goes_on(
+    server: RunningServer, model: Enhancer, rate: int
+) -> None:
+    """Push-to-talk or mute: the last 32-48 ms (more with resampling) stayed held until more audio came or the
+    stream ended, and any text but "end" closed it. {"type": "flush"} gives back everything sent so far, and the
+    next audio is a new segment: the output is each segment's offline enhancement, one after the other."""
+    a = _quantized(noisy(0.7, rate, 1, seed=11))
+    b = _quantized(noisy(0.45, rate, 1, seed=12))
+    with connect(f"{server.ws_url}/v1/stream", open_timeout=30) as ws:
+        _start(ws, sample_rate=rate, channels=1, format="s16le")
+        got: list[bytes] = []
+
+        def until(kind: str) -> dict[str, Any]:
+            while isinstance(msg := ws.recv(timeout=30), bytes):
+                got.append(msg)
+            message = json.loads(msg)
+            assert message["type"] == kind, message
+            return dict(message)
+
+        ws.send((a[:, 0] * 32768).astype("<i2").tobytes())
+        ws.send(json.dumps({"type": "Flush"}))
+        assert until("flushed") == {"type": "flushed", "samples": len(a)}
+        assert sum(len(g) for g in got) == 2 * len(a)  # all of the first segment, nothing held
+        ws.send((b[:, 0] * 32768).astype("<i2").tobytes())
+        ws.send(json.dumps({"type": "end"}))
+        assert until("done") == {"type": "done", "samples": len(a) + len(b)}
+    y = np.frombuffer(b"".join(got), "<i2").astype(np.float32) / 32768
+    ref = np.concatenate([_offline(model, a, rate), _offline(model, b, rate)])[:, 0]
+    assert y.shape == ref.shape
+    assert np.abs(y - ref).max() <= 2 * S16
+
+
 @pytest.mark.parametrize(
     ("what", "messages", "close", "code"), STREAM_ERRORS, ids=[e[0] for e in STREAM_ERRORS]
 )
