@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -65,6 +66,17 @@ class FileResult:
     competition: list[np.ndarray] | None = field(default=None, repr=False)  # per TIM layer [C, T, n_s]
     # enhanced, but the user should know (a truncated input)
     warnings: list[str] = field(default_factory=list)
+    # sum of the squared output samples (all channels) before any clipping or encoding, and their count: the
+    # output level as enhanced, whatever the file holds (a 16-bit file clips, Ogg is lossy)
+    output_energy: float = 0.0
+    output_samples: int = 0
+
+    @property
+    def output_rms_dbfs(self) -> float | None:
+        """RMS level of the enhanced samples in dB relative to full scale (None: silence), rounded to 0.01."""
+        if not self.output_energy or not self.output_samples:
+            return None
+        return round(10.0 * math.log10(self.output_energy / self.output_samples), 2)
 
     @property
     def duration_s(self) -> float:
@@ -174,6 +186,7 @@ def enhance_stream(
 
         bridge = RateBridge(rate, channels, high_band=high_band)
         written = 0
+        energy = 0.0
         decoded = 0
         peak = 0.0
         warnings = []
@@ -200,8 +213,9 @@ def enhance_stream(
                     ) from None
 
             def emit(y16: np.ndarray, last: bool = False) -> None:
-                nonlocal written
+                nonlocal written, energy
                 y = bridge.from_model(y16, last).T[: frames - written]
+                energy += float(np.sum(np.square(y, dtype=np.float64)))
                 if clip:
                     y = np.clip(y, -1.0, 1.0)
                 write(y)
@@ -260,6 +274,8 @@ def enhance_stream(
         frames=frames,
         wall_seconds=time.perf_counter() - t0,
         competition=engine.competition() if with_competition else None,
+        output_energy=energy,
+        output_samples=frames * channels,
         warnings=warnings,
     )
 

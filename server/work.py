@@ -215,7 +215,7 @@ def analyze_upload(
         "frame_times": [round(float(t), 4) for t in frame_times(n_frames, stft.hop_length, stft.sample_rate)],
         "blocks": [_block_summary(b, m) for b, m in zip(lm.competition_blocks, maps, strict=True)],
         "input_rms_dbfs": file_rms_dbfs(data),  # block by block: no float copy of either file
-        "output_rms_dbfs": file_rms_dbfs(encoded),
+        "output_rms_dbfs": result.output_rms_dbfs,  # the enhanced samples, before the format clips or codes them
         "processing_seconds": round(time.perf_counter() - t0, 4),
         "warnings": result.warnings,
     }

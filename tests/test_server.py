@@ -574,6 +574,25 @@ def test_analyze_with_audio_is_one_run_with_both_answers(client: httpx.Client, f
     assert sf.info(io.BytesIO(audio)).subtype == sf.info(io.BytesIO(enhanced.content)).subtype
 
 
+def test_analyze_levels_are_the_enhanced_samples_whatever_format_the_audio_comes_in(
+    client: httpx.Client,
+) -> None:
+    """With ?audio= the output level was measured on the encoded file: a loud input's 16-bit FLAC clips and Ogg
+    is lossy, so the analysis changed with the format (-2.18 dBFS plain, -3.43 as 16-bit WAV)."""
+    loud = wav_bytes(noisy(1.0, 16000) * 6.0, 16000, subtype="FLOAT")  # float samples beyond 1: no clip in
+    plain = client.post("/v1/analyze", content=loud, headers={"Content-Type": WAV}).json()["output_rms_dbfs"]
+    for fmt in ("flac", "ogg"):
+        resp = client.post(f"/v1/analyze?audio={fmt}", content=loud, headers={"Content-Type": WAV})
+        level = json.loads(_form_parts(resp)["analysis"].get_payload(decode=True))["output_rms_dbfs"]
+        assert level == plain, (fmt, level, plain)
+        if fmt == "flac":  # what the test is about: the file itself is clipped, so its own level is lower
+            audio = _decoded(_form_parts(resp)["audio"].get_payload(decode=True))
+            assert (
+                np.abs(audio).max() <= 1.0
+                and 10 * np.log10(np.mean(audio.astype(np.float64) ** 2)) < plain - 0.1
+            )
+
+
 def test_analyze_with_audio_refuses_png_and_an_output_that_cannot_hold_the_input(
     client: httpx.Client,
 ) -> None:
