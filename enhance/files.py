@@ -242,7 +242,7 @@ def enhance_stream(
                     )
                 warnings.append(
                     f"{name}: the audio ends after {decoded} of the {frames} frames its header gives (a truncated "
-                    f"file?); the output holds the {decoded} that decode"
+                    f"or damaged file: decoding stopped there); the output holds the {decoded} that decode"
                 )
                 frames = decoded
             if peak == 0.0:  # enhanced like any audio (silence in, silence out), as load_audio takes it

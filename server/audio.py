@@ -158,7 +158,6 @@ def file_rms_dbfs(data: bytes, block_frames: int = 1 << 16) -> float | None:
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-_UNSAFE_IN_TEXT = re.compile(r"[^\w. -]+")  # messages keep letters of any script and spaces
 
 
 def _client_stem(filename: str) -> str:
@@ -184,7 +183,9 @@ def safe_name(filename: str | None, default: str = "upload") -> str:
     extension ("bad.wav: not a readable audio file"; the stem alone, "bad: ...", read as another file)."""
     if not filename:
         return default
-    name = _UNSAFE_IN_TEXT.sub("_", re.split(r"[\\/]", filename)[-1]).strip("_- ")[:100]
+    base = unicodedata.normalize("NFC", re.split(r"[\\/]", filename)[-1])  # macOS names are decomposed (NFD)
+    kept = "".join(c if c in " ._-" or unicodedata.category(c)[0] in "LMN" else "_" for c in base)
+    name = re.sub("_+", "_", kept).strip("_- ")[:100]
     return name if name.strip(".") else default
 
 

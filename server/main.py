@@ -36,7 +36,10 @@ def port_number(text: str) -> int:
     return value
 
 
-POSITIVE = bounded(float, 0, above=True)  # sizes, durations and timeouts
+# durations and timeouts (s): above 0, at most a year (1e305 passed, then overflowed a stream's sample count: every
+# stream an internal error)
+SECONDS = bounded(float, 0, above=True, high=365 * 24 * 3600)
+UPLOAD_MB = bounded(float, 0.001, high=1e6)  # 1e-9 MiB made a limit of 0 bytes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="checkpoint file to serve, under its stored name or ALIAS (repeatable)",
     )
     p.add_argument("--device", default="cpu", help="torch device of the models")
-    p.add_argument("--max-upload-mb", type=POSITIVE, default=50.0, help="largest accepted upload (MiB)")
-    p.add_argument("--max-duration", type=POSITIVE, default=600.0, help="longest accepted file (s)")
+    p.add_argument("--max-upload-mb", type=UPLOAD_MB, default=50.0, help="largest accepted upload (MiB)")
+    p.add_argument("--max-duration", type=SECONDS, default=600.0, help="longest accepted file (s)")
     p.add_argument(
         "--max-channels",
         type=bounded(int, 1, high=MAX_CHANNELS),
@@ -73,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-samples",
-        type=bounded(float, 1),
+        type=bounded(float, 1, high=1e12),
         default=80e6,
         help="most samples (frames x channels) in one file, e.g. 80e6: 10 min of 48 kHz stereo is 57.6e6",
     )
@@ -90,14 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--queue-timeout", type=bounded(float, 0), default=10.0, help="longest wait for a slot (s), then 503"
     )
     p.add_argument(
-        "--timeout", type=POSITIVE, default=120.0, help="per-request processing limit (s), then 504"
+        "--timeout", type=SECONDS, default=120.0, help="per-request processing limit (s), then 504"
     )
     p.add_argument(
-        "--upload-timeout", type=POSITIVE, default=60.0, help="time to receive an upload (s), then 408"
+        "--upload-timeout", type=SECONDS, default=60.0, help="time to receive an upload (s), then 408"
     )
     p.add_argument("--max-streams", type=bounded(int, 0), default=8, help="WebSocket streams at once")
     p.add_argument(
-        "--max-stream-seconds", type=POSITIVE, default=3600.0, help="audio per WebSocket stream (s)"
+        "--max-stream-seconds", type=SECONDS, default=3600.0, help="audio per WebSocket stream (s)"
     )
     p.add_argument(
         "--stream-backend",
@@ -114,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--stream-idle-timeout",
-        type=POSITIVE,
+        type=SECONDS,
         default=60.0,
         help="close a stream when the client sent nothing and the server had none of its audio to enhance for this long (s)",
     )

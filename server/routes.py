@@ -317,12 +317,18 @@ async def analyze(
         Query(description="also return the enhanced audio, in this format (the response is then multipart)"),
     ] = None,
 ) -> Response:
-    png = negotiate_analyze_format(format.value if format else None, request.headers.get("accept")) == "png"
-    if png and audio is not None:
-        raise ApiError(
-            422,
-            "invalid_request",
-            "audio= comes with the JSON analysis, not with format=png (ask for one or the other)",
+    if audio is not None:  # the query picks the answer, multipart, as ?format= wins over Accept (Accept:
+        # multipart/form-data, the right header for it, was a 406)
+        if format is not None and format.value == "png":
+            raise ApiError(
+                422,
+                "invalid_request",
+                "audio= comes with the JSON analysis, not with format=png (ask for one or the other)",
+            )
+        png = False
+    else:
+        png = (
+            negotiate_analyze_format(format.value if format else None, request.headers.get("accept")) == "png"
         )
     lm, upload, name, limits, info = await _receive(request, model)
     if audio is not None:

@@ -555,7 +555,8 @@ def test_analyze_with_audio_is_one_run_with_both_answers(client: httpx.Client, f
     ?audio= one request returns both: the analysis /v1/analyze gives and the file /v1/enhance gives."""
     body = wav_bytes(noisy(1.5, 22050, 2), 22050)
     upload = {"files": {"file": ("talk.wav", body, WAV)}}
-    resp = client.post(f"/v1/analyze?audio={fmt}", **upload)
+    # the query picks the answer whatever Accept says; multipart/form-data, the right header for it, was a 406
+    resp = client.post(f"/v1/analyze?audio={fmt}", **upload, headers={"Accept": "multipart/form-data"})
     assert resp.status_code == 200, resp.text
     assert resp.headers["content-type"].startswith("multipart/form-data; boundary=")
     parts = _form_parts(resp)
@@ -1669,8 +1670,23 @@ def test_enhance_server_command(checkpoint: Path, tmp_path: Path) -> None:
             "enhance-server: error: argument --limit-concurrency: must be at least 1",
         ),
         # named the config's fields, not the flags (or: "cannot convert float NaN to integer")
-        (["--max-upload-mb", "-1"], "enhance-server: error: argument --max-upload-mb: must be more than 0"),
-        (["--max-upload-mb", "nan"], "enhance-server: error: argument --max-upload-mb: must be more than 0"),
+        (
+            ["--max-upload-mb", "-1"],
+            "enhance-server: error: argument --max-upload-mb: must be at least 0.001",
+        ),
+        (
+            ["--max-upload-mb", "nan"],
+            "enhance-server: error: argument --max-upload-mb: must be at least 0.001",
+        ),
+        (
+            ["--max-upload-mb", "1e-9"],
+            "enhance-server: error: argument --max-upload-mb: must be at least 0.001",
+        ),
+        # passed, then a stream's sample count overflowed: every stream an internal error
+        (
+            ["--max-stream-seconds", "1e305"],
+            "enhance-server: error: argument --max-stream-seconds: must be more",
+        ),
         (["--max-concurrency", "0"], "enhance-server: error: argument --max-concurrency: must be at least 1"),
         (["--max-streams", "-1"], "enhance-server: error: argument --max-streams: must be at least 0"),
         (
