@@ -254,7 +254,14 @@ def test_ctrl_c_during_an_evaluation_is_one_line_and_exit_130(tmp_path: Path) ->
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "recipes.evaluate", "--model-config", "tiny", "--pairs", str(data)]
     proc = subprocess.Popen(
-        [*cmd, "--out", str(out), "--threads", "1"], stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path
+        [*cmd, "--out", str(out), "--threads", "1"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        # as from a terminal: a job a script started in the background inherits SIGINT ignored, and Python then
+        # never raises KeyboardInterrupt (the evaluation ran to its end)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert proc.stderr is not None
