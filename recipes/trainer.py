@@ -444,7 +444,10 @@ class Trainer:
             self._restore_rng(saved["rng"])
         elif self.resume:
             raise FileNotFoundError(f"{state_path}: nothing to resume")
-        else:  # files of an earlier run with no state to continue it: this run's metrics would follow its rows
+        elif self.dist.is_main:  # files of an earlier run with no state to continue it: this run's metrics
+            # would follow its rows. Checked by the main rank only: the others could look after it had written
+            # this run's config.json and take it for a foreign one (a DDP test failed so, once in five CI runs);
+            # its refusal ends them (torchrun stops the group)
             earlier = run_folder.trained_files(self.run_dir)  # (no state.pt here)
             if earlier:
                 raise FileExistsError(
