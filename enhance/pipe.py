@@ -18,9 +18,9 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from enhance.audio_io import (
-    CONTAINER_MAGIC,
     MAX_FLOAT_SAMPLE,
     AudioError,
+    looks_encoded,
     mpeg_stream,
     pcm_frames,
     sample_value_error,
@@ -95,7 +95,7 @@ def stream_pcm(
         if not more:
             break
         head += more
-    if head[:4] in CONTAINER_MAGIC or head[:3] == b"ID3" or mpeg_stream(head):
+    if looks_encoded(head):
         raise AudioError(
             f"<stdin>: starts like an encoded audio file ({head[:4].decode(errors='replace')}), but --stream - -o - reads raw PCM: "
             "leave out --stream to enhance an encoded file from stdin"

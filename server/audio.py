@@ -160,9 +160,14 @@ def file_rms_dbfs(data: bytes, block_frames: int = 1 << 16) -> float | None:
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+def _client_base(filename: str) -> str:
+    """A client's file name without its directories (either slash)."""
+    return re.split(r"[\\/]", filename)[-1]
+
+
 def _client_stem(filename: str) -> str:
-    """A client's file name without its directories (either slash) and its extension."""
-    base = re.split(r"[\\/]", filename)[-1]
+    """A client's file name without its directories and its extension."""
+    base = _client_base(filename)
     return base.rsplit(".", 1)[0] if "." in base.strip(".") else base
 
 
@@ -183,7 +188,7 @@ def safe_name(filename: str | None, default: str = "upload") -> str:
     extension ("bad.wav: not a readable audio file"; the stem alone, "bad: ...", read as another file)."""
     if not filename:
         return default
-    base = unicodedata.normalize("NFC", re.split(r"[\\/]", filename)[-1])  # macOS names are decomposed (NFD)
+    base = unicodedata.normalize("NFC", _client_base(filename))  # macOS names are decomposed (NFD)
     kept = "".join(c if c in " ._-" or unicodedata.category(c)[0] in "LMN" else "_" for c in base)
     name = re.sub("_+", "_", kept).strip("_- ")[:100]
     return name if name.strip(".") else default

@@ -382,17 +382,18 @@ async def _read_into(ws: WebSocket, inbox: Inbox[Message | StreamError], idle_s:
             return  # a disconnect, or text: "end" (or an error), after which nothing more is read
 
 
-def _kind(msg: Message) -> str | None:
-    """A text message's ``type``, lower case (None: not JSON text with a string type)."""
-    text = msg.get("text")
-    if text is None or len(text) > MAX_TEXT_CHARS:
-        return None
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
-        return None
-    kind = data.get("type") if isinstance(data, dict) else None
+def _type_of(message: Any) -> str | None:
+    """A parsed text message's ``type``, lower case, as the start message's names (None: no string type)."""
+    kind = message.get("type") if isinstance(message, dict) else None
     return kind.lower() if isinstance(kind, str) else None
+
+
+def _kind(msg: Message) -> str | None:
+    """A received text message's ``type`` (None: not JSON text with a string type; refused later, with why)."""
+    try:
+        return _type_of(_json_text(msg.get("text") or "", "bad_message", "a text message", UNSUPPORTED_DATA))
+    except StreamError:
+        return None
 
 
 def _decode(msg: Message, start: StreamStart) -> np.ndarray:
@@ -493,9 +494,7 @@ async def _process(
             for i in range(0, n, max_batch):
                 await _enhance_piece(ws, session, work, x[:, i : i + max_batch], limit, idle_s)
             continue
-        message = _json_text(msg.get("text") or "", "bad_message", "a text message", UNSUPPORTED_DATA)
-        kind = message.get("type") if isinstance(message, dict) else None
-        kind = kind.lower() if isinstance(kind, str) else None  # any case, as the start message's names
+        kind = _type_of(_json_text(msg.get("text") or "", "bad_message", "a text message", UNSUPPORTED_DATA))
         if kind not in ("end", "flush"):
             raise StreamError(
                 "bad_message",
