@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from models.enhancer import Enhancer
+from models.enhancer import Enhancer, expect_enhancer
 from models.static_step import unsupported
 
 # the C step (enhance/native_backend.py) and its weights' precision
@@ -67,6 +67,7 @@ BACKENDS = ("auto", "pytorch", *TORCHSCRIPT, *NATIVE, "onnxruntime", "onnxruntim
 def resolve_backend(model: Enhancer, name: str = "auto") -> str:
     """The concrete backend ``name`` stands for with this model (``auto`` resolved); raises ValueError when the
     model cannot run on the one asked for."""
+    expect_enhancer(model)
     if name not in BACKENDS:
         raise ValueError(f"unknown streaming backend '{name}' (choose from {', '.join(BACKENDS)})")
     param = next(model.parameters())

@@ -16,7 +16,7 @@ from enhance.audio_io import MODEL_RATE, check_audio, fit_length, resample, whol
 from enhance.dc_blocker import remove_dc
 from enhance.high_band import high_band_output
 from enhance.stft import log_magnitude, rebuild, stft
-from models.enhancer import Enhancer, eval_mode
+from models.enhancer import Enhancer, eval_mode, expect_enhancer
 
 
 @dataclass
@@ -30,6 +30,7 @@ class Enhanced:
 def enhance_waveform(model: Enhancer, wav: np.ndarray, return_competition: bool = False) -> Enhanced:
     """Enhance ``[channels, samples]`` float audio at 16 kHz (a NumPy array, or anything ``np.asarray`` takes);
     returns the same shape."""
+    expect_enhancer(model)
     wav = np.asarray(wav)
     check_audio(wav)
     param = next(model.parameters())
@@ -53,6 +54,7 @@ def enhance_audio(
     """Enhance ``[channels, samples]`` float audio at any rate: resampled to 16 kHz and back, at the input's
     exact length. ``high_band``: above 16 kHz, keep the input's band above 8 kHz, gated by the model's gain near
     8 kHz (:mod:`enhance.high_band`); False: the output holds the 16 kHz model's band only."""
+    expect_enhancer(model)
     wav = np.asarray(wav)
     check_audio(wav)
     sample_rate = whole_rate(sample_rate)

@@ -14,10 +14,16 @@ State (:class:`StreamState`) is explicit and bounded: the input of the hop being
 :mod:`enhance.dc_blocker`, filters whole hops) and the blocker's memory, the samples of the frame being collected, the noisy
 spectra waiting for their lookahead frame, the model's conv and key/value caches (:class:`EnhancerState`, at most
 ``context_frames`` frames per layer) and the overlap-add tail.
+
+Threads: an engine's calls (``process``, ``flush``, ``reset``, ``competition``) hold its lock, so an audio thread's
+``process`` and a control thread's ``flush`` or ``reset`` (push-to-talk) do not corrupt the state, which they
+did, silently, losing output; the order of a stream's chunks is the caller's to keep. Engines of one model may run
+in parallel threads (:mod:`enhance.backends` says which backends may be shared).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +33,7 @@ import torch
 from enhance.audio_io import MAX_CHANNELS, sample_layout_error, sample_value_error
 from enhance.dc_blocker import DCState, block_dc
 from enhance.stft import analysis_frames, apply_magnitude, log_magnitude, overlap_add, synthesis_frames
-from models.enhancer import Enhancer
+from models.enhancer import Enhancer, expect_enhancer
 
 
 @dataclass
@@ -60,6 +66,7 @@ class StreamingEnhancer:
         ``run_frames`` also does the analysis, synthesis and overlap-add of each frame: NativeStepper in C, the
         fixed-step backends (TorchScript, onnxruntime) in NumPy; for the PyTorch backend they run here with
         :mod:`enhance.stft` (on the model's device and dtype)."""
+        expect_enhancer(model)
         if not (isinstance(channels, (int, np.integer)) and 1 <= channels <= MAX_CHANNELS):
             raise ValueError(f"channels must be an integer from 1 to {MAX_CHANNELS}, got {channels!r}")
         # a backend made for another model ran that model's weights, silently
@@ -78,6 +85,7 @@ class StreamingEnhancer:
         # competition scores of the frames output by the last process()/flush() call: per TIM layer [C, m, n_s]
         self.last_competition: list[np.ndarray] = []
         self._maps: list[list[np.ndarray]] = []  # all of the current stream's, for competition()
+        self._lock = threading.Lock()
 
     def _new_state(self) -> StreamState:
         ov = self.cfg.win_length - self.cfg.hop_length
@@ -101,13 +109,19 @@ class StreamingEnhancer:
         return 1000.0 * self.latency_samples / self.cfg.sample_rate
 
     def reset(self) -> None:
-        self.state = self._new_state()
-        self.last_competition = []
-        self._maps = []
+        """Drop the stream in progress (its held samples are not returned) and start a new one."""
+        with self._lock:
+            self.state = self._new_state()
+            self.last_competition = []
+            self._maps = []
 
     def competition(self) -> list[np.ndarray]:
         """Competition maps of every frame of the current (or just flushed) stream: per TIM layer [C, T, n_s]
         (with ``with_competition``; T = 0 for a stream too short for a frame, such as one sample at 48 kHz)."""
+        with self._lock:
+            return self._competition()
+
+    def _competition(self) -> list[np.ndarray]:
         if self.with_competition and not self._maps and self.model.competition_blocks:
             assert self.model.cfg.tim is not None  # competition blocks are TIM blocks
             n_s = self.model.cfg.tim.attention.n_groups
@@ -117,23 +131,38 @@ class StreamingEnhancer:
     def process(self, chunk: np.ndarray) -> np.ndarray:
         """Feed ``[channels, n]`` float samples (any n; a NumPy array, or anything ``np.asarray`` takes); returns
         the enhanced samples that became final."""
-        st = self.state
-        if st.received == 0:
-            self._maps = []  # a new stream
         chunk = np.asarray(chunk)
+        with self._lock:
+            return self._process(chunk)
+
+    def _process(self, chunk: np.ndarray) -> np.ndarray:
+        st = self.state
         if not np.issubdtype(chunk.dtype, np.floating):
             raise ValueError(sample_layout_error(chunk, f"[{st.channels}, n]"))
         if chunk.ndim != 2 or chunk.shape[0] != st.channels:
-            raise ValueError(f"expected [{st.channels}, n] samples, got {tuple(chunk.shape)}")
+            transposed = chunk.ndim == 2 and chunk.shape[1] == st.channels
+            hint = (
+                " (for [n, channels] arrays, such as soundfile's and sounddevice's, pass chunk.T)"
+                if transposed
+                else ""
+            )
+            raise ValueError(f"expected [{st.channels}, n] samples, got {tuple(chunk.shape)}{hint}")
         problem = sample_value_error(chunk)  # before the cast: 1e39 in float64 is inf in float32
         if problem:
             raise ValueError(f"chunk: {problem}")
+        if st.received == 0 and chunk.shape[1]:
+            # a new stream; an empty chunk leaves the flushed stream's maps readable (it cleared them)
+            self._maps = []
         self._block_dc(chunk, final=False)
         st.received += chunk.shape[1]
         return self._advance(final=False)
 
     def flush(self) -> np.ndarray:
         """End of stream: the remaining samples. The engine is reset and can take a new stream."""
+        with self._lock:
+            return self._flush()
+
+    def _flush(self) -> np.ndarray:
         st = self.state
         if st.received == 0:  # nothing since the last flush: the competition of that stream stays readable
             self.state = self._new_state()

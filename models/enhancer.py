@@ -304,5 +304,15 @@ class WeightsWatch:
         self._handle.remove()
 
 
+def expect_enhancer(model: object) -> Enhancer:
+    """``model`` if it is an :class:`Enhancer`; otherwise a TypeError that says what to pass. A
+    :class:`models.checkpoint.Checkpoint` (what ``load_pretrained`` and ``load_checkpoint`` return) failed deep inside
+    with "'Checkpoint' object has no attribute 'cfg'"."""
+    if isinstance(model, Enhancer):
+        return model
+    hint = "; pass its .model" if isinstance(getattr(model, "model", None), Enhancer) else ""
+    raise TypeError(f"expected an Enhancer (the network), got {type(model).__name__}{hint}")
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())

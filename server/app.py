@@ -47,7 +47,8 @@ When the server has an API key, `/v1/*` needs `X-API-Key: KEY` or `Authorization
    "channels", "format", "latency_ms", "engine_latency_ms", "resampling_ms", "engine_sample_rate"}`: `latency_ms`
    is the most audio held back in steady state, the engine's delay (`engine_latency_ms`, 48 ms) plus the
    resamplers' (`resampling_ms`, 0 at 16 kHz);
-2. send binary frames of interleaved little-endian PCM of any length; enhanced PCM in the same rate, channels and
+2. send binary frames of interleaved little-endian PCM of any length (a sample frame, one sample of every channel,
+   may be split across messages); enhanced PCM in the same rate, channels and
    format comes back in binary frames as it becomes final. Output sample i is input sample i (no padding, no
    timestamps): the output only lags, by at most `latency_ms`;
 3. optionally, `{"type": "flush"}` (push-to-talk, mute): all the audio sent so far comes back (the last 32-48 ms,
@@ -57,8 +58,8 @@ When the server has an API key, `/v1/*` needs `X-API-Key: KEY` or `Authorization
    equal to the samples sent) and a normal close (1000). Anything sent after `end` is not read.
 
 Errors are `{"type": "error", "code": "...", "message": "...", "error": "..."}` (`error`: the same text, for
-earlier clients) followed by close code 1003 (`expected_start`: binary before the start message; `bad_frame`: not
-a whole number of samples; `nan_samples`, `bad_samples`; `bad_message`: text other than `flush` or `end`), 1008 (`bad_start`,
+earlier clients) followed by close code 1003 (`expected_start`: binary before the start message; `bad_frame`: `flush`
+or `end` in the middle of a sample frame, after the audio before it came back; `nan_samples`, `bad_samples`; `bad_message`: text other than `flush` or `end`), 1008 (`bad_start`,
 `unauthorized`, `model_not_found`, `too_many_channels`, `stream_too_long`: the audio up to the limit comes back
 first; `idle_timeout`: nothing sent and nothing being enhanced for `--stream-idle-timeout` s, WebSocket pings do not
 count, the audio received comes back first), 1009 (a text message over 4096 characters), 1013 (`busy`,

@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -45,10 +43,10 @@ from pydantic import ValidationError
 from starlette.types import Message
 
 from enhance.audio_io import MODEL_RATE, sample_value_error
-from enhance.rate_bridge import RateBridge
+from enhance.rate_bridge import RateBridge, resampling_ms
 from enhance.streaming import StreamingEnhancer
 from enhance.threads import inherit_threads
-from server.audio import decode_pcm, encode_pcm
+from server.audio import PCM_FORMATS, decode_pcm, encode_pcm
 from server.auth import key_from_headers, key_matches
 from server.errors import ApiError
 from server.inbox import Inbox
@@ -81,36 +79,6 @@ class StreamError(Exception):
 
 
 SOXR_QUALITY = {"high": "HQ", "low_latency": "LQ"}
-
-
-@functools.lru_cache(maxsize=64)
-def resampling_ms(rate: int, resampling: str, engine_latency: int, hop: int) -> float:
-    """How much the resamplers add to the engine's delay (ms; 0 at the engine's rate), at most, in steady state,
-    fed 10 ms frames: soxr's streams compensate their filters' delay by holding samples back. A dry run of the
-    resamplers with the engine's hold between them (the engine emits whole hops, ``engine_latency - hop``
-    samples behind its input; no model runs): their holds do not simply add, as the engine takes whatever the
-    first resampler gives in bursts of whole hops (at 1.5 kHz the two alone said 889 ms and held 1085 with it)."""
-    if rate == MODEL_RATE:
-        return 0.0
-    bridge = RateBridge(rate, 1, high_band=False, quality=SOXR_QUALITY[resampling])  # the band holds nothing
-    step, fed, out, held = max(1, rate // 100), 0, 0, []
-    frame = np.zeros((1, step), np.float32)
-    into_engine = out_of_engine = 0
-    started = None  # the frame at which output began: below about 2 kHz, more than 1 s is held back
-    for i in range(3000):  # 30 s at most
-        into_engine += bridge.to_model(frame).shape[1]
-        final = max(0, (into_engine - (engine_latency - hop)) // hop * hop)
-        y = np.zeros((1, final - out_of_engine), np.float32)
-        out_of_engine = final
-        out += bridge.from_model(y).shape[1]
-        fed += step
-        held.append(fed - out)
-        if started is None and out > 0:
-            started = i
-        if started is not None and i >= started + 500:  # 5 s of steady state after the start-up
-            break
-    ms = 1000.0 * max(held[10:]) / rate - 1000.0 * engine_latency / MODEL_RATE
-    return math.ceil(round(10.0 * ms, 6)) / 10.0  # rounded up: announced, it is a bound
 
 
 class Session:
@@ -333,7 +301,11 @@ async def _serve(ws: WebSocket, start: StreamStart) -> str:
     limit = int(cfg.max_stream_s * start.sample_rate)
     # a 1-s dry run of the resamplers the first time a rate is seen (cached): not on the event loop
     resampling = await anyio.to_thread.run_sync(
-        resampling_ms, start.sample_rate, start.resampling, engine.latency_samples, engine.cfg.hop_length
+        resampling_ms,
+        start.sample_rate,
+        SOXR_QUALITY[start.resampling],
+        engine.latency_samples,
+        engine.cfg.hop_length,
     )
     ready = StreamReady(
         model=lm.name,
@@ -396,9 +368,24 @@ def _kind(msg: Message) -> str | None:
         return None
 
 
-def _decode(msg: Message, start: StreamStart) -> np.ndarray:
+def _frame_width(start: StreamStart) -> int:
+    """Bytes per sample frame: one sample of every channel."""
+    return PCM_FORMATS[start.format] * start.channels
+
+
+def _whole_frames(carry: bytes, data: bytes, width: int) -> tuple[bytes, bytes]:
+    """``carry + data`` split into its whole sample frames and the bytes of an incomplete last one, which wait for
+    the next message: binary messages may be of any length (a client relaying a pipe or socket cuts its reads
+    anywhere), and 2-byte messages of stereo s16le ended the stream with ``bad_frame``."""
+    if carry:
+        data = carry + data
+    cut = len(data) - len(data) % width
+    return data[:cut], data[cut:]
+
+
+def _decode(data: bytes, start: StreamStart) -> np.ndarray:
     try:
-        x = decode_pcm(msg["bytes"], start.channels, start.format)
+        x = decode_pcm(data, start.channels, start.format)
     except ValueError as exc:
         raise StreamError("bad_frame", str(exc), UNSUPPORTED_DATA) from None
     if start.format == "s16le":  # always finite and within ±1
@@ -453,10 +440,14 @@ async def _process(
     idle_s: float,
 ) -> str:
     """Enhance the audio messages in order. Frames that queued up while the model ran are enhanced in one call
-    (the engine gives the same samples for any split), so a stream that fell behind catches up. A bad frame
-    among them ends the stream after the good frames before it were enhanced and sent, as if sent one by one."""
+    (the engine gives the same samples for any split), so a stream that fell behind catches up. A frame of
+    bad samples among them ends the stream after the good frames before it were enhanced and sent, as if sent one by one."""
     start = session.start
     max_batch = int(MAX_BATCH_S * start.sample_rate)
+    width, carry = (
+        _frame_width(start),
+        b"",
+    )  # carry: an incomplete sample frame, completed by the next message
     held: Message | StreamError | None = None
     while True:
         msg = held if held is not None else await inbox.get()
@@ -475,15 +466,17 @@ async def _process(
         if msg["type"] == "websocket.disconnect":
             return "disconnected"
         if msg.get("bytes") is not None:
-            pieces = [_decode(msg, start)]
+            whole, carry = _whole_frames(carry, msg["bytes"], width)
+            pieces = [_decode(whole, start)]
             n = pieces[0].shape[1]
             while n < max_batch and not inbox.empty():
                 nxt = inbox.get_nowait()
                 if isinstance(nxt, StreamError) or nxt.get("bytes") is None:
                     held = nxt
                     break
+                whole, carry = _whole_frames(carry, nxt["bytes"], width)
                 try:
-                    pieces.append(_decode(nxt, start))
+                    pieces.append(_decode(whole, start))
                 except StreamError as err:
                     held = err
                     break
@@ -502,6 +495,14 @@ async def _process(
                 UNSUPPORTED_DATA,
             )
         await _finish(ws, session, work, idle_s)
+        if carry:  # the audio came back; the bytes of a sample frame the client never completed did not
+            raise StreamError(
+                "bad_frame",
+                f"the stream {'was flushed' if kind == 'flush' else 'ended'} {len(carry)} bytes into a "
+                f"{width}-byte sample frame ({start.channels}-channel {start.format}); the {session.sent} "
+                "whole samples per channel before it were enhanced and sent",
+                UNSUPPORTED_DATA,
+            )
         if kind == "flush":  # push-to-talk, mute: the held audio back now, and the stream goes on
             session.restart()
             await ws.send_json({"type": "flushed", "samples": session.sent})

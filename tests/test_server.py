@@ -666,16 +666,20 @@ def _stream(server: RunningServer, pcm: bytes, start: dict[str, Any], sizes: lis
 ODD_FRAMES = (7, 1000, 1, 333, 4097)
 # frames longer than the 1 s the server enhances in one call: it splits them (same samples, bounded memory)
 LONG_FRAMES = (40000, 7, 19000)
+# message sizes in bytes that split sample frames (and samples) across messages, as a client relaying a pipe does
+SPLIT_BYTES = (3, 1001, 2, 335, 4097, 1)
 
 
 @pytest.mark.parametrize(
-    ("rate", "channels", "fmt", "seconds", "frames"),
+    ("rate", "channels", "fmt", "seconds", "frames", "unit"),
     [
-        (16000, 1, "s16le", 1.3, ODD_FRAMES),
-        (44100, 2, "s16le", 1.3, ODD_FRAMES),
-        (16000, 2, "f32le", 1.3, ODD_FRAMES),
-        (8000, 1, "f32le", 1.3, ODD_FRAMES),
-        (16000, 1, "f32le", 4.3, LONG_FRAMES),
+        (16000, 1, "s16le", 1.3, ODD_FRAMES, "samples"),
+        (44100, 2, "s16le", 1.3, ODD_FRAMES, "samples"),
+        (16000, 2, "f32le", 1.3, ODD_FRAMES, "samples"),
+        (8000, 1, "f32le", 1.3, ODD_FRAMES, "samples"),
+        (16000, 1, "f32le", 4.3, LONG_FRAMES, "samples"),
+        (44100, 2, "s16le", 1.3, SPLIT_BYTES, "bytes"),
+        (16000, 2, "f32le", 1.3, SPLIT_BYTES, "bytes"),
     ],
 )
 def test_stream_equals_offline(
@@ -686,6 +690,7 @@ def test_stream_equals_offline(
     fmt: str,
     seconds: float,
     frames: tuple[int, ...],
+    unit: str,
 ) -> None:
     x = noisy(seconds, rate, channels, seed=3)
     width = channels * (2 if fmt == "s16le" else 4)
@@ -694,7 +699,7 @@ def test_stream_equals_offline(
         pcm = np.round(x * 32768).astype("<i2").tobytes()
     else:
         pcm = x.astype("<f4").tobytes()
-    sizes = [width * n for n in frames]  # samples per frame
+    sizes = [width * n if unit == "samples" else n for n in frames]  # bytes per message
     out, done = _stream(server, pcm, {"sample_rate": rate, "channels": channels, "format": fmt}, sizes)
     assert done == {"type": "done", "samples": x.shape[0]}
     if fmt == "s16le":
@@ -730,13 +735,14 @@ def test_the_announced_delay_covers_what_a_session_holds_back_at_any_rate(model:
     """A stream's Session (resamplers, real engine) fed 10-ms frames for 6 s holds back at most what ready
     announces, and not much less. The resamplers' dry run without the engine between them said 889 ms at
     1.5 kHz, where 1133 were held, and 67 ms at 48 kHz, where the stream held 50 beyond the engine's 48."""
+    from enhance.rate_bridge import resampling_ms
     from enhance.streaming import StreamingEnhancer
     from server.schemas import StreamStart
-    from server.stream import Session, resampling_ms
+    from server.stream import Session
 
     engine = StreamingEnhancer(model, 1)
     session = Session(engine, StreamStart(sample_rate=rate))
-    announced = engine.latency_ms + resampling_ms(rate, "high", engine.latency_samples, engine.cfg.hop_length)
+    announced = engine.latency_ms + resampling_ms(rate, "HQ", engine.latency_samples, engine.cfg.hop_length)
     step, fed, out, held = rate // 100, 0, 0, []
     x = noisy(6.0, rate, 1, seed=2)[:, 0]
     for i in range(0, len(x) - step + 1, step):
@@ -795,7 +801,13 @@ STREAM_ERRORS = [
     ("extra field", [json.dumps({"path": "/etc/passwd"})], 1008, "bad_start"),
     ("another type", [json.dumps({"type": "end"})], 1008, "bad_start"),
     ("unknown model", [json.dumps({"model": "nope"})], 1008, "model_not_found"),
-    ("odd frame", [json.dumps({"format": "s16le", "channels": 2}), b"\x00" * 6], 1003, "bad_frame"),
+    # a sample frame may be split across messages, but the stream cannot end inside one
+    (
+        "end inside a frame",
+        [json.dumps({"channels": 2}), b"\x00" * 2, json.dumps({"type": "end"})],
+        1003,
+        "bad_frame",
+    ),
     ("NaN", [json.dumps({"format": "f32le"}), np.array([0.1, np.nan], "<f4").tobytes()], 1003, "nan_samples"),
     # finite, but not audio: the STFT of 3e38 overflows, and NaN went back to the client
     ("huge", [json.dumps({"format": "f32le"}), np.array([0.1, 3e38], "<f4").tobytes()], 1003, "bad_samples"),
@@ -866,6 +878,32 @@ def test_stream_flush_returns_the_held_audio_and_the_stream_goes_on(
     ref = np.concatenate([_offline(model, a, rate), _offline(model, b, rate)])[:, 0]
     assert y.shape == ref.shape
     assert np.abs(y - ref).max() <= 2 * S16
+
+
+def test_a_flush_inside_a_sample_frame_returns_the_audio_then_refuses(
+    server: RunningServer, model: Enhancer
+) -> None:
+    """Messages may split a sample frame (the next completes it), but a flush between its bytes cannot be honoured:
+    every whole sample sent comes back enhanced, then bad_frame says how many bytes were left over."""
+    x = _quantized(noisy(0.5, 16000, 2, seed=13))
+    pcm = np.round(x * 32768).astype("<i2").tobytes()
+    with connect(f"{server.ws_url}/v1/stream", open_timeout=30) as ws:
+        _start(ws, channels=2, format="s16le")
+        ws.send(pcm[:3])  # a frame and a half: the stereo frame's left sample and half its right one
+        ws.send(pcm[3:] + pcm[:3])  # completes it, and starts another
+        ws.send(json.dumps({"type": "flush"}))
+        got = []
+        while isinstance(msg := ws.recv(timeout=30), bytes):
+            got.append(msg)
+        err = json.loads(msg)
+        assert err["code"] == "bad_frame" and "3 bytes into a 4-byte sample frame" in err["message"], err
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=10)
+        assert ws.close_code == 1003
+    y = np.frombuffer(b"".join(got), "<i2").astype(np.float32).reshape(-1, 2) / 32768
+    ref = _offline(model, x, 16000)
+    assert y.shape == ref.shape  # the whole samples, nothing of the incomplete one
+    assert np.abs(y - ref).max() <= 1.01 * S16
 
 
 @pytest.mark.parametrize(
@@ -1126,7 +1164,7 @@ def test_a_client_that_reads_nothing_loses_its_stream(checkpoint: Path) -> None:
 
 
 def test_a_bad_frame_amid_a_flood_still_ends_the_stream(checkpoint: Path) -> None:
-    """A frame that is not whole samples, then frames sent far faster than they are read: the error still comes
+    """A frame of NaN samples, then frames sent far faster than they are read: the error still comes
     back and the stream's slot is freed. (The reader task, blocked on the full inbox or having lost its
     cancellation to a message arriving at the same moment, once kept the stream open for good: with
     max_streams of them the server refused every stream, and it could not shut down.)"""
@@ -1135,14 +1173,14 @@ def test_a_bad_frame_amid_a_flood_still_ends_the_stream(checkpoint: Path) -> Non
         url = f"{srv.ws_url}/v1/stream"
         for _ in range(3):  # each time the one slot must be free again
             with connect(url, open_timeout=30) as ws:
-                _start(ws)
-                ws.send(b"\x00\x01\x02")
+                _start(ws, format="f32le")
+                ws.send(np.array([0.0, np.nan], "<f4").tobytes())
                 with contextlib.suppress(ConnectionClosed):  # the server may close before the flood ends
                     for _ in range(150):
-                        ws.send(bytes(320))
+                        ws.send(bytes(640))
                     ws.send(json.dumps({"type": "end"}))
                 err = json.loads(ws.recv(timeout=30))
-                assert err["code"] == "bad_frame"
+                assert err["code"] == "nan_samples"
                 with pytest.raises(ConnectionClosed):
                     while True:  # nothing else comes: the close
                         ws.recv(timeout=10)
@@ -1150,21 +1188,21 @@ def test_a_bad_frame_amid_a_flood_still_ends_the_stream(checkpoint: Path) -> Non
 
 
 def test_frames_queued_before_a_bad_frame_are_enhanced_and_sent(checkpoint: Path) -> None:
-    """Frames that queue up while the model works are enhanced together; a bad frame among them ends the stream
-    only after the good frames before it came back, as when each is enhanced on its own. (They were dropped.)"""
+    """Frames that queue up while the model works are enhanced together; a frame of NaN samples among them ends the
+    stream only after the good frames before it came back, as when each is enhanced on its own. (They were dropped.)"""
     config = ServerConfig(
         threads=1, stream_backend="pytorch"
     )  # the bundled model: the first frame takes a while
     with run_server(config) as srv, connect(f"{srv.ws_url}/v1/stream", open_timeout=30) as ws:
-        _start(ws)
-        ws.send(bytes(2 * 16000 * 5))  # 5 s of (digital) silence
+        _start(ws, format="f32le")
+        ws.send(bytes(4 * 16000 * 5))  # 5 s of (digital) silence
         for _ in range(20):
-            ws.send(bytes(640))  # 20 ms each, queued behind the first
-        ws.send(b"\x00\x01\x02")  # not whole samples
+            ws.send(bytes(1280))  # 20 ms each, queued behind the first
+        ws.send(np.array([np.nan], "<f4").tobytes())
         got = 0
         while isinstance(msg := ws.recv(timeout=60), bytes):
-            got += len(msg) // 2
-        assert json.loads(msg)["code"] == "bad_frame"
+            got += len(msg) // 4
+        assert json.loads(msg)["code"] == "nan_samples"
         sent = 16000 * 5 + 20 * 320
         assert (
             sent - 768 <= got < sent

@@ -229,6 +229,55 @@ def test_flush_resets_for_the_next_stream() -> None:
     assert maps and maps[0].shape[1] == 7  # ceil(1500 / 256) + 1 frames
     assert engine.flush().shape == (1, 0)  # a second flush: nothing, and the last stream's maps stay readable
     assert all(np.array_equal(m, n) for m, n in zip(engine.competition(), maps, strict=True))
+    assert engine.process(np.zeros((1, 0), np.float32)).shape == (1, 0)  # an empty chunk (it cleared them)
+    assert all(np.array_equal(m, n) for m, n in zip(engine.competition(), maps, strict=True))
+    engine.process(x[:, :600])  # audio starts the next stream, with maps of its own
+    assert engine.competition()[0].shape[1] == 1  # the frames output so far: (600 - 256) // 256
+
+
+def test_calls_from_two_threads_are_serialised_and_lose_nothing() -> None:
+    """An audio thread feeding chunks while a control thread flushes (push-to-talk): every sample sent comes back
+    exactly once. The state was replaced under a running process(), which then lost up to 70 % of the output."""
+    import threading
+
+    engine = StreamingEnhancer(_model("tiny"))
+    chunks = [np.full((1, 160), 0.01 * (k % 7), np.float32) for k in range(400)]
+    out: list[np.ndarray] = []
+    fed = threading.Event()
+
+    def audio() -> None:
+        for c in chunks:
+            out.append(engine.process(c))
+        fed.set()
+
+    def control() -> None:
+        while not fed.is_set():
+            out.append(engine.flush())
+
+    threads = [threading.Thread(target=audio), threading.Thread(target=control)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.append(engine.flush())
+    assert sum(o.shape[1] for o in out) == 400 * 160
+
+
+def test_a_checkpoint_in_place_of_its_model_says_what_to_pass(tmp_path) -> None:
+    """load_pretrained() returns a Checkpoint; passing it failed with "'Checkpoint' object has no attribute 'cfg'"."""
+    from enhance.backends import streaming_backend
+    from enhance.offline import enhance_audio
+    from models import Checkpoint
+
+    model = _model("tiny")
+    ckpt = Checkpoint(model=model, name="tiny", config=model.cfg)
+    for call in (
+        lambda: StreamingEnhancer(ckpt),
+        lambda: streaming_backend(ckpt),
+        lambda: enhance_audio(ckpt, np.zeros((1, 100), np.float32), 16000),
+    ):
+        with pytest.raises(TypeError, match=r"got Checkpoint; pass its \.model"):
+            call()
 
 
 def test_a_stream_without_a_frame_has_empty_maps_per_block() -> None:
@@ -247,6 +296,8 @@ def test_bad_chunks_are_refused() -> None:
     engine = StreamingEnhancer(_model("tiny"), channels=2)
     with pytest.raises(ValueError, match=r"expected \[2, n\]"):
         engine.process(np.zeros((1, 10), np.float32))
+    with pytest.raises(ValueError, match=r"got \(160, 2\) \(for \[n, channels\] arrays.*pass chunk.T\)"):
+        engine.process(np.zeros((160, 2), np.float32))  # soundfile's and sounddevice's layout
     bad = np.zeros((2, 10), np.float32)
     bad[1, 3] = np.nan
     with pytest.raises(ValueError, match="NaN"):
@@ -715,7 +766,7 @@ def test_backend_choice() -> None:
         resolve_backend(model, "tensorrt")
 
 
-@pytest.mark.parametrize("kind", ["torchscript", "torchscript-int8", "native"])
+@pytest.mark.parametrize("kind", ["torchscript", "torchscript-int8", "native", "onnxruntime"])
 def test_one_backend_serves_concurrent_streams(kind: str) -> None:
     """The server shares one backend among its streams, each in its own thread: no state may leak between them."""
     from concurrent.futures import ThreadPoolExecutor
@@ -818,3 +869,24 @@ def test_memory_stays_level_over_fifteen_minutes(backend: str) -> None:
         totals.append(reachable_array_bytes(target))
     assert max(totals) - min(totals) <= (4096 if backend == "session-48k" else 0), totals
     assert totals[0] > 4 * sum(p.numel() for p in model.parameters())  # the walk reached the weights
+
+
+@pytest.mark.parametrize("rate", [48000, 8000])
+def test_streaming_at_another_rate_through_the_rate_bridge_equals_offline(rate: int) -> None:
+    """The README's loop for a sound card's rate: RateBridge.to_model -> process -> from_model per chunk, then the
+    resampler's last=True, the engine's flush and the way back's last=True give enhance_audio's samples, at the
+    input's length; resampling_ms says how much the resamplers hold back beyond the engine."""
+    from enhance.offline import enhance_audio
+    from enhance.rate_bridge import RateBridge, resampling_ms
+
+    model = _model("tiny").float()
+    x = (np.random.default_rng(8).standard_normal((2, rate)) * 0.1).astype(np.float32)
+    bridge, engine = RateBridge(rate, channels=2), StreamingEnhancer(model, channels=2)
+    out = [bridge.from_model(engine.process(bridge.to_model(x[:, i : i + 480]))) for i in range(0, rate, 480)]
+    rest = engine.process(bridge.to_model(np.zeros((2, 0), np.float32), last=True))
+    out.append(bridge.from_model(np.concatenate([rest, engine.flush()], axis=1), last=True))
+    y = np.concatenate(out, axis=1)
+    ref = enhance_audio(model, x, rate).wav
+    assert y.shape == ref.shape == x.shape
+    assert np.abs(y - ref).max() < 1e-5
+    assert 0 < resampling_ms(rate) < 250 and resampling_ms(16000) == 0
