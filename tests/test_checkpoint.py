@@ -49,15 +49,33 @@ def test_round_trip_gives_identical_outputs(tmp_path: Path) -> None:
     assert not [p for p in tmp_path.iterdir() if p.name != "m.safetensors"]  # no temp files left
 
 
-def _forge(path: Path, config_name: str, weights: dict[str, torch.Tensor]) -> None:
+def _forge(
+    path: Path,
+    config_name: str,
+    weights: dict[str, torch.Tensor],
+    fmt: str | None = "tim-enhance-checkpoint/1",
+) -> None:
     meta = {
-        "format": "tim-enhance-checkpoint/1",
+        "format": fmt,
         "name": config_name,
         "config": json.dumps(to_dict(get_config(config_name))),
         "training": "{}",
         "versions": "{}",
     }
-    safetensors.torch.save_file(weights, str(path), metadata=meta)
+    safetensors.torch.save_file(weights, str(path), metadata={k: v for k, v in meta.items() if v is not None})
+
+
+def test_a_checkpoint_of_another_or_no_format_is_refused(tmp_path: Path) -> None:
+    """A later format (tim-enhance-checkpoint/2) may keep these keys and mean other things by them, and a
+    safetensors file of another tool has no format at all: neither may load as format 1."""
+    weights = Enhancer(get_config("tiny")).state_dict()
+    path = tmp_path / "m.safetensors"
+    _forge(path, "tiny", weights)
+    load_checkpoint(path)  # format 1: loads
+    for fmt, shown in (("tim-enhance-checkpoint/2", "'tim-enhance-checkpoint/2'"), (None, "None")):
+        _forge(path, "tiny", weights, fmt)
+        with pytest.raises(CheckpointError, match=f"unknown checkpoint format {shown}, expected"):
+            load_checkpoint(path)
 
 
 def test_mismatched_weights_are_refused_naming_the_key(tmp_path: Path) -> None:

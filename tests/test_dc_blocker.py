@@ -75,8 +75,10 @@ def _snr(y: np.ndarray, clean: np.ndarray) -> float:
 
 
 def test_an_offset_no_longer_spoils_the_bundled_models_output(example: tuple[np.ndarray, np.ndarray]) -> None:
-    """0.1 of offset took the output from 8.2 dB to 4.9 dB SNR (the input's 5.1) and came out in the output;
-    now the offline path and the stream (16-ms chunks, with an offset of 0.3) give what they give without it."""
+    """0.1 of offset took the output from 8.2 dB to 4.9 dB SNR (the input's 5.1) and came out in the output.
+    Now the offline path with offsets of 0.03 and 0.1 gives within 0.2 dB of what it gives without one, and the
+    stream (16-ms chunks) with 0.3 within 0.2 dB once the blocker has settled (0.1 s; 10.72 against 10.87 dB
+    measured), 0.8 dB below over the whole file (its step at sample 0 takes about 30 ms to decay)."""
     noisy, clean = example
     model = load_pretrained().model
     plain = enhance_audio(model, noisy[None], 16000).wav[0]
@@ -92,4 +94,7 @@ def test_an_offset_no_longer_spoils_the_bundled_models_output(example: tuple[np.
         [*(engine.process(shifted[:, i : i + HOP]) for i in range(0, shifted.shape[1], HOP)), engine.flush()],
         axis=1,
     )[0]
-    assert abs(streamed[16000:].mean()) < 1e-3 and _snr(streamed, clean) > base - 1.0, _snr(streamed, clean)
+    assert abs(streamed[16000:].mean()) < 1e-3
+    assert _snr(streamed, clean) > base - 1.0, (_snr(streamed, clean), base)
+    settled = _snr(streamed[1600:], clean[1600:])
+    assert settled > _snr(plain[1600:], clean[1600:]) - 0.2, (settled, base)

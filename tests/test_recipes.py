@@ -1607,24 +1607,27 @@ def test_every_shipped_config_resolves(tmp_path: Path) -> None:
     assert cfg.train.batch_size == 64 and cfg.train.over_weight == 1.5
 
 
+@pytest.mark.parametrize(("lr", "saved"), [("1000", False), ("600", True)])
 def test_a_diverging_run_stops_with_an_error_and_no_nan_weights(
-    folders: FolderTree, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    folders: FolderTree, tmp_path: Path, capsys: pytest.CaptureFixture[str], lr: str, saved: bool
 ) -> None:
     """--lr 1000 logged 'train nan val nan' for every epoch, exited 0 and left a last.safetensors that every
-    loader refuses (NaN weights). It now stops at the first non-finite loss, before the step that would write
-    NaN into the weights; the checkpoints written before are loadable."""
+    loader refuses (NaN weights). It now stops at the first non-finite loss or weight, before anything NaN is
+    saved: at lr 1000 within the first epoch (nothing saved), at lr 600 after the first epoch's checkpoints
+    and state (seed 0 diverges in epoch 2 from lr 450 to 750), which stay loadable and finite."""
     run = tmp_path / "run"
-    args = folders_args(folders, "--epochs", "3", "--lr", "1000", "--max-steps-per-epoch", "4")
+    args = folders_args(folders, "--epochs", "4", "--lr", lr, "--max-steps-per-epoch", "4")
     with in_process():
         code = train_main([*args, "--out", str(run)])
     err = capsys.readouterr().err
     assert code == 2 and "training diverged: " in err and "Traceback" not in err, err
     assert "the loss is nan at epoch" in err or "NaN or infinite weights" in err, err
-    for name in ("best.safetensors", "last.safetensors"):
-        if (run / name).exists():
+    names = ("best.safetensors", "last.safetensors", "state.pt")
+    assert [(run / name).exists() for name in names] == [saved] * 3, sorted(p.name for p in run.iterdir())
+    if saved:
+        for name in names[:2]:
             load_checkpoint(run / name)  # refuses NaN or infinite weights
-    state = torch.load(run / "state.pt", weights_only=False) if (run / "state.pt").exists() else None
-    if state is not None:
+        state = torch.load(run / "state.pt", weights_only=False)
         assert all(torch.isfinite(t).all() for t in state["model"].values())
 
 
