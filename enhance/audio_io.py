@@ -11,6 +11,7 @@ import contextlib
 import errno
 import io
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -293,6 +294,25 @@ def reopen_audio(src: Any) -> sf.SoundFile:
     if hasattr(src, "seek"):
         src.seek(0)
     return open_audio(fs_path(src))
+
+
+# libsndfile's log of a header whose chunk sizes run past the end of the file: "data : 64000 (should be 31978)"
+_SHOULD_BE = re.compile(r"^\s*(data|SSND|riff|RIFF|Riff size)\s*:\s*(\d+)\s*\(should be (\d+)\)", re.M)
+
+
+def header_frames(fin: sf.SoundFile) -> int | None:
+    """About how many frames the header of a cut WAV, AIFF, W64 or RF64 file gives, when more than it holds (None
+    otherwise). libsndfile quietly shortens such a file's ``frames`` to what is there, so a WAV cut in transit was
+    enhanced without the warning a cut FLAC or MP3 gets. Read from libsndfile's log of the header: the audio
+    chunk's size (data, SSND) where it has one, else the container's (W64, RF64), against the bytes present."""
+    sizes = {name: (int(said), int(real)) for name, said, real in _SHOULD_BE.findall(fin.extra_info)}
+    said, real = (
+        sizes.get("data") or sizes.get("SSND") or sizes.get("riff") or sizes.get("Riff size") or (0, 0)
+    )
+    # a size near 2^31 or 2^32 is a streaming writer's "unknown" (ffmpeg and sox to a pipe), not a promise
+    if not 0 < real < said < 0x7FFF0000 or fin.frames == 0:
+        return None
+    return max(fin.frames + 1, round(fin.frames * said / real))
 
 
 def open_audio(src: Any) -> sf.SoundFile:

@@ -36,6 +36,7 @@ from enhance.audio_io import (
     codec_error,
     format_fallback,
     fs_path,
+    header_frames,
     nearest_existing,
     open_audio,
     output_format,
@@ -156,6 +157,7 @@ def enhance_stream(
             )
         # as load_audio says it (the engine's own check names no file)
         check_header(name, frames, channels, rate)
+        declared = header_frames(fin)
         fmt = out_format or fin.format
         if fmt not in sf.available_formats():
             raise AudioError(f"{name}: cannot write format {fmt}")
@@ -190,6 +192,11 @@ def enhance_stream(
         decoded = 0
         peak = 0.0
         warnings = []
+        if declared is not None:  # libsndfile already shortened frames to what the file holds
+            warnings.append(
+                f"{name}: the file ends after {frames} of the about {declared} frames its header gives (a truncated "
+                f"file); the output holds the {frames} that are there"
+            )
         try:
             fout = sf.SoundFile(fs_path(dst), "w", rate, channels, subtype, format=fmt)
         except (sf.LibsndfileError, ValueError) as exc:

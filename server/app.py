@@ -26,7 +26,7 @@ from starlette.staticfiles import NotModifiedResponse, PathLike, StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from models import CheckpointError
-from server.config import ServerConfig
+from server.config import ServerConfig, quiet_client_errors
 from server.errors import ApiError, error_body, install_handlers
 from server.jobs import JobRunner
 from server.metrics import Metrics
@@ -61,7 +61,7 @@ Errors are `{"type": "error", "code": "...", "message": "...", "error": "..."}` 
 earlier clients) followed by close code 1003 (`expected_start`: binary before the start message; `bad_frame`: `flush`
 or `end` in the middle of a sample frame, after the audio before it came back; `nan_samples`, `bad_samples`; `bad_message`: text other than `flush` or `end`), 1008 (`bad_start`,
 `unauthorized`, `model_not_found`, `too_many_channels`, `stream_too_long`: the audio up to the limit comes back
-first; `idle_timeout`: nothing sent and nothing being enhanced for `--stream-idle-timeout` s, WebSocket pings do not
+first, also after `--max-stream-seconds` plus `--stream-idle-timeout` of wall-clock time; `idle_timeout`: nothing sent and nothing being enhanced for `--stream-idle-timeout` s, WebSocket pings do not
 count, the audio received comes back first), 1009 (a text message over 4096 characters), 1013 (`busy`,
 `model_loading`: try again after the error's `retry_after` seconds) or 1011 (`internal_error`).
 """
@@ -186,6 +186,7 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
     """The app for ``config``. ``loader`` replaces :func:`server.registry.load_models` (tests use it)."""
     config = config or ServerConfig()
     load = loader or load_models
+    quiet_client_errors()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

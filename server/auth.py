@@ -20,7 +20,11 @@ bearer = HTTPBearer(auto_error=False, description="the API key as a bearer token
 def key_matches(given: str | None, expected: str | None) -> bool:
     if expected is None:
         return True
-    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+    # surrogatepass: JSON may carry a lone surrogate ("\udcff", the WebSocket start's api_key), which plain
+    # encode() refused with UnicodeEncodeError, a 1011 internal error and a logged traceback before authenticating
+    return given is not None and hmac.compare_digest(
+        given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass")
+    )
 
 
 def key_from_headers(headers: Headers) -> str | None:

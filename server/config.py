@@ -2,12 +2,39 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from enhance.audio_io import MAX_CHANNELS
 from enhance.backends import BACKENDS
 
 MB = 1024 * 1024
+
+# uvicorn's WebSocket settings, for enhance-server and the tests' servers alike. Its keepalive pings go on (they
+# keep proxies and NAT entries open), but an unanswered one no longer fails the connection: a stream that sends
+# audio faster than the model takes it is held back on purpose (the inbox is bounded, then TCP stops the client),
+# so its pongs wait unread behind its audio, and with uvicorn's 20-s pong deadline a client sending 8-MiB frames
+# lost its stream with 1011 and most of its output. A peer that went away is found by the stream's idle timeout.
+UVICORN_WS: dict[str, Any] = {"ws": "websockets-sansio", "ws_ping_interval": 20.0, "ws_ping_timeout": None}
+
+
+class ClientErrorLogFilter(logging.Filter):
+    """uvicorn logs a WebSocket text message that is not UTF-8 as an ERROR with a traceback (it answers 1007,
+    rightly): any client could fill the log with them. Logged as one WARNING line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("Invalid UTF-8 sequence received from client"):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def quiet_client_errors() -> None:
+    """Install :class:`ClientErrorLogFilter` on uvicorn's error log (once)."""
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, ClientErrorLogFilter) for f in logger.filters):
+        logger.addFilter(ClientErrorLogFilter())
 
 
 @dataclass(frozen=True)

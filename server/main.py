@@ -21,7 +21,7 @@ from enhance.audio_io import MAX_CHANNELS
 from enhance.backends import BACKENDS, REDUCED_PRECISION
 from enhance.device import inference_device
 from models import CheckpointError
-from server.config import MB, ServerConfig
+from server.config import MB, UVICORN_WS, ServerConfig
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -100,7 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-streams", type=bounded(int, 0), default=8, help="WebSocket streams at once")
     p.add_argument(
-        "--max-stream-seconds", type=SECONDS, default=3600.0, help="audio per WebSocket stream (s)"
+        "--max-stream-seconds",
+        type=SECONDS,
+        default=3600.0,
+        help="audio per WebSocket stream (s); a stream stays open at most this plus --stream-idle-timeout",
     )
     p.add_argument(
         "--stream-backend",
@@ -205,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         log_level=args.log_level,
         limit_concurrency=args.limit_concurrency,
         proxy_headers=False,
+        **UVICORN_WS,
     )
     return 0
 

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -161,11 +162,15 @@ class Work:
         return 0.0 if self.running else time.monotonic() - self.last_done
 
 
-async def _receive_or_idle(ws: WebSocket, timeout: float, work: Work) -> Message:
-    """The client's next message; ``idle_timeout`` once neither side did anything for ``timeout`` s."""
+async def _receive_or_idle(ws: WebSocket, timeout: float, work: Work, deadline: float = math.inf) -> Message:
+    """The client's next message; ``idle_timeout`` once neither side did anything for ``timeout`` s, and
+    ``stream_too_long`` at ``deadline`` (monotonic time; its message is the caller's)."""
     waited_from = time.monotonic()
     while True:
-        left = timeout - min(time.monotonic() - waited_from, work.idle_s())
+        now = time.monotonic()
+        if now >= deadline:
+            raise StreamError("stream_too_long", "open too long", POLICY)
+        left = min(timeout - min(now - waited_from, work.idle_s()), deadline - now)
         try:
             return await _receive(ws, max(left, 0.001))
         except StreamError as err:
@@ -320,7 +325,9 @@ async def _serve(ws: WebSocket, start: StreamStart) -> str:
     await ws.send_json(ready.model_dump())
     inbox: Inbox[Message | StreamError] = Inbox(INBOX_MESSAGES, INBOX_BYTES)
     work = Work()
-    reader = asyncio.create_task(_read_into(ws, inbox, cfg.stream_idle_timeout_s, work))
+    # open at most the audio limit plus the idle timeout: a real-time client's audio ends the stream first
+    open_s = cfg.max_stream_s + cfg.stream_idle_timeout_s
+    reader = asyncio.create_task(_read_into(ws, inbox, cfg.stream_idle_timeout_s, work, open_s))
     try:
         return await _process(ws, inbox, session, work, limit, cfg.stream_idle_timeout_s)
     finally:
@@ -341,12 +348,24 @@ async def _stop_reader(reader: asyncio.Task[None], inbox: Inbox[Message | Stream
         reader.result()
 
 
-async def _read_into(ws: WebSocket, inbox: Inbox[Message | StreamError], idle_s: float, work: Work) -> None:
-    """Receive messages into ``inbox`` (bounded: a client far ahead of the model is throttled by TCP)."""
+async def _read_into(
+    ws: WebSocket, inbox: Inbox[Message | StreamError], idle_s: float, work: Work, open_s: float
+) -> None:
+    """Receive messages into ``inbox`` (bounded: a client far ahead of the model is throttled by TCP) for at most
+    ``open_s`` seconds of wall-clock time: the audio limit alone let a client that sends a few bytes now and then
+    (within the idle timeout) hold a stream slot for good, and with them every slot."""
+    deadline = time.monotonic() + open_s
     while True:
         try:
-            msg = await _receive_or_idle(ws, idle_s, work)
+            msg = await _receive_or_idle(ws, idle_s, work, deadline)
         except StreamError as err:
+            if err.code == "stream_too_long":
+                err = StreamError(
+                    err.code,
+                    f"stream open for {open_s:g} s (a stream may stay open for --max-stream-seconds plus "
+                    "--stream-idle-timeout, whatever audio it sent)",
+                    err.close_code,
+                )
             await inbox.put(err)
             return
         await inbox.put(msg)
@@ -454,7 +473,7 @@ async def _process(
         held = None
         if isinstance(msg, StreamError):
             if (
-                msg.code == "idle_timeout" and session.received
+                msg.code in ("idle_timeout", "stream_too_long") and session.received
             ):  # the audio it holds goes back first (it was lost)
                 await _finish(ws, session, work, idle_s)
                 msg = StreamError(

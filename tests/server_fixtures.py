@@ -19,7 +19,7 @@ import uvicorn
 
 from models import Enhancer, get_config, save_checkpoint
 from server.app import create_app
-from server.config import ServerConfig
+from server.config import UVICORN_WS, ServerConfig
 from server.registry import LoadedModel, Loader, load_models
 from tests.conftest import speech_like
 
@@ -72,13 +72,15 @@ class RunningServer:
 
 @contextmanager
 def run_server(
-    config: ServerConfig, *, loader: Loader | None = None, wait_ready: bool = True
+    config: ServerConfig, *, loader: Loader | None = None, wait_ready: bool = True, **uvicorn_options: Any
 ) -> Iterator[RunningServer]:
-    """A real uvicorn server on 127.0.0.1 (free port) in a background thread."""
+    """A real uvicorn server on 127.0.0.1 (free port) in a background thread, with enhance-server's WebSocket
+    settings (``uvicorn_options`` may override them)."""
     app = create_app(config, loader=loader)
     sock = free_socket()
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", ws="websockets-sansio"))
+    options = {**UVICORN_WS, **uvicorn_options}
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", **options))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -1389,6 +1390,35 @@ def test_a_truncated_input_gives_what_decodes_and_a_warning(tmp_path: Path, ckpt
     assert b"enhance-cli: warning:" in proc.stderr
     out, _ = sf.read(str(dst))
     assert len(out) == decoded
+
+
+@pytest.mark.parametrize(("fmt", "ext"), [("WAV", "wav"), ("AIFF", "aiff"), ("W64", "w64"), ("RF64", "wav")])
+def test_a_cut_wav_or_aiff_is_enhanced_with_the_warning_too(
+    tmp_path: Path, ckpt: str, fmt: str, ext: str
+) -> None:
+    """libsndfile shortens a cut WAV's or AIFF's frame count to what the file holds, so the warning a cut FLAC
+    or MP3 gets never came (exit 0, nothing said, half the audio). Now it does; the whole file gets none, nor
+    does a WAV whose sizes are a streaming writer's "unknown" (ffmpeg or sox writing to a pipe)."""
+    whole, cut = tmp_path / f"whole.{ext}", tmp_path / f"cut.{ext}"
+    sf.write(whole, noisy(2.0, 16000), 16000, format=fmt, subtype="PCM_16")
+    data = whole.read_bytes()
+    cut.write_bytes(data[: len(data) // 2])
+    there = sf.info(str(cut)).frames
+    proc = cli(str(cut), "-o", str(tmp_path / f"out.{ext}"), "--checkpoint", ckpt, "-q")
+    assert proc.returncode == 0, proc.stderr.decode()
+    said = re.search(
+        rb"warning: \S*cut\.\w+: the file ends after (\d+) of the about (\d+) frames", proc.stderr
+    )
+    assert said and int(said[1]) == there and abs(int(said[2]) - 32000) <= 100, proc.stderr
+    assert sf.info(str(tmp_path / f"out.{ext}")).frames == there
+    proc = cli(str(whole), "-o", str(tmp_path / f"out2.{ext}"), "--checkpoint", ckpt, "-q")
+    assert proc.returncode == 0 and b"warning" not in proc.stderr, proc.stderr
+    if fmt == "WAV":  # RIFF and data sizes 0xFFFFFFFF, as a writer that cannot seek back leaves them
+        unknown = bytearray(data)
+        at = unknown.find(b"data")
+        unknown[4:8] = unknown[at + 4 : at + 8] = b"\xff\xff\xff\xff"
+        proc = cli("-", "-o", str(tmp_path / "out3.wav"), "--checkpoint", ckpt, "-q", stdin=bytes(unknown))
+        assert proc.returncode == 0 and b"warning" not in proc.stderr, proc.stderr
 
 
 def test_a_pipe_that_is_not_audio_is_refused_after_its_first_mib(tmp_path: Path, ckpt: str) -> None:

@@ -405,6 +405,18 @@ def test_a_cut_mp3_is_enhanced_as_far_as_it_decodes_and_the_response_says_so(cli
     assert whole.status_code == 200 and "X-Enhance-Warning" not in whole.headers
 
 
+def test_a_wav_cut_in_transit_is_enhanced_and_the_response_says_so(client: httpx.Client) -> None:
+    """libsndfile shortens a cut WAV's length to what arrived, so the upload got 200 with half its audio and no
+    warning (a cut MP3 got one)."""
+    body = wav_bytes(noisy(2.0, 16000), 16000)
+    cut = body[: len(body) // 2]
+    there = sf.info(io.BytesIO(cut)).frames
+    resp = client.post("/v1/enhance", content=cut, headers={"Content-Type": WAV})
+    assert resp.status_code == 200, resp.text
+    assert f"the file ends after {there} of the about 32000 frames" in resp.headers["X-Enhance-Warning"]
+    assert len(sf.read(io.BytesIO(resp.content))[0]) == there
+
+
 def test_digital_silence_is_enhanced_to_silence_and_the_response_says_so(client: httpx.Client) -> None:
     """It was a 422 invalid_audio, while the WebSocket stream and the library took it: an app posting a muted
     segment had to special-case it. Enhance and analyze now answer it like any audio."""
@@ -1255,6 +1267,111 @@ def _busy_503(resp: httpx.Response, code: str) -> None:
     assert resp.headers["Retry-After"] == "2"
 
 
+@pytest.mark.parametrize("pong_deadline", [None, 0.3])
+def test_a_stream_held_back_behind_the_model_outlives_unanswered_keepalive_pings(
+    checkpoint: Path, pong_deadline: float | None
+) -> None:
+    """A client far ahead of the model is held back (bounded inbox, then TCP), so the server's keepalive pings go
+    unanswered: the client's pongs wait unread behind its audio. With uvicorn's pong deadline (here 0.3 s, 20 s
+    by default) the stream was failed with 1011 and lost its output (8-MiB frames did it at the defaults);
+    enhance-server's settings (no deadline) keep it, and all of its audio comes back."""
+    gate = threading.Event()
+    config = ServerConfig(checkpoints=(str(checkpoint),), threads=1, stream_backend="pytorch")
+    options = {"ws_ping_interval": 0.1, "ws_ping_timeout": pong_deadline}
+    frame, n_frames = bytes(2 * 16000 * 2), 120  # 2 s each: 7.7 MB, beyond the inbox's 4 MiB
+    with run_server(config, loader=gated_loader(gate), **options) as srv:
+        opener = threading.Timer(2.0, gate.set)  # the model stalls for 2 s, many ping intervals
+        opener.start()
+        got, last = 0, None
+        try:
+            with connect(f"{srv.ws_url}/v1/stream", open_timeout=30, ping_interval=None) as ws:
+                _start(ws)
+                with contextlib.suppress(ConnectionClosed):
+                    for _ in range(n_frames):
+                        ws.send(frame)
+                    ws.send(json.dumps({"type": "end"}))
+                with contextlib.suppress(ConnectionClosed):
+                    while True:  # to the close
+                        msg = ws.recv(timeout=60)
+                        if isinstance(msg, str):
+                            last = json.loads(msg)
+                        else:
+                            got += len(msg) // 2
+                code = ws.close_code
+        finally:
+            opener.cancel()
+            gate.set()
+    if pong_deadline is None:
+        assert last == {"type": "done", "samples": n_frames * 16000 * 2} and got == last["samples"], last
+        assert code == 1000
+    else:  # the failure the settings avoid, shown to happen here: no done, and not all the audio
+        assert last is None and code == 1011 and got < n_frames * 16000 * 2, (last, code, got)
+
+
+def test_a_text_message_that_is_not_utf8_is_refused_with_one_log_line(server: RunningServer) -> None:
+    """uvicorn answers it 1007 and logged an ERROR with a traceback, which any client could repeat to fill the log:
+    now one WARNING line without the traceback."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    try:
+        for before_start in (True, False):
+            with connect(f"{server.ws_url}/v1/stream", open_timeout=30) as ws:
+                if not before_start:
+                    _start(ws)
+                ws.send(b"\xff\xfe{", text=True)  # a text frame whose bytes are not UTF-8
+                with pytest.raises(ConnectionClosed):
+                    while True:
+                        ws.recv(timeout=10)
+                assert ws.close_code == 1007
+    finally:
+        logger.removeHandler(handler)
+    utf8 = [r for r in records if "Invalid UTF-8" in r.getMessage()]
+    assert len(utf8) == 2 and all(r.levelno == logging.WARNING and not r.exc_info for r in utf8), utf8
+    assert httpx.get(f"{server.url}/healthz").status_code == 200
+
+
+def test_a_stream_that_trickles_cannot_hold_its_slot_for_good(checkpoint: Path, model: Enhancer) -> None:
+    """A few bytes now and then, within the idle timeout, held a stream slot for good (the limit counted audio
+    only), so a handful of such clients took every slot. A stream is now open at most --max-stream-seconds plus
+    --stream-idle-timeout of wall-clock time: then its audio comes back in full and stream_too_long ends it,
+    and the slot is free."""
+    config = ServerConfig(
+        checkpoints=(str(checkpoint),), threads=1, max_streams=1, max_stream_s=1.0, stream_idle_timeout_s=1.0
+    )
+    x = _quantized(noisy(0.5, 16000, 1, seed=6))
+    pcm = (x[:, 0] * 32768).astype("<i2").tobytes()
+    with run_server(config) as srv:
+        with connect(f"{srv.ws_url}/v1/stream", open_timeout=30) as ws:
+            _start(ws)
+            opened = time.monotonic()
+            got: list[bytes] = []
+            with contextlib.suppress(ConnectionClosed):
+                for i in range(
+                    0, len(pcm), 1600
+                ):  # 50 ms of audio every 0.3 s: 0.5 s in 3 s, within 1 s gaps
+                    ws.send(pcm[i : i + 1600])
+                    time.sleep(0.3)
+            while isinstance(msg := ws.recv(timeout=30), bytes):
+                got.append(msg)
+            err = json.loads(msg)
+            assert err["code"] == "stream_too_long" and "stream open for 2 s" in err["message"], err
+            assert 2.0 <= time.monotonic() - opened < 10
+            y = np.frombuffer(b"".join(got), "<i2").astype(np.float32) / 32768
+            n = y.shape[0]  # all it sent by then, enhanced as offline enhances it
+            assert 0 < n < len(x) and f"the {n} samples per channel received" in err["message"], err
+            assert np.abs(y - _offline(model, x[:n], 16000)[:, 0]).max() <= 2 * S16
+            with pytest.raises(ConnectionClosed):
+                ws.recv(timeout=10)
+            assert ws.close_code == 1008
+        with connect(f"{srv.ws_url}/v1/stream", open_timeout=30) as ws:  # the one slot is free again
+            _start(ws)
+
+
 def test_an_unexpected_error_is_a_500_in_the_error_shape_without_its_text(checkpoint: Path, caplog) -> None:
     """A fault inside the model (here its step raises, with a server path in the text) is answered 500
     internal_error in the shape of every other error, without the exception's text, which goes to the log; the
@@ -1602,12 +1719,14 @@ def test_api_key_and_cors(checkpoint: Path) -> None:
         )
         assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == origin
 
-        with connect(f"{srv.ws_url}/v1/stream", open_timeout=30) as ws:
-            ws.send(json.dumps({}))
-            assert json.loads(ws.recv(timeout=30))["code"] == "unauthorized"
-            with pytest.raises(ConnectionClosed):
-                ws.recv(timeout=10)
-            assert ws.close_code == 1008
+        # no key, and a key JSON can carry but UTF-8 cannot (a lone surrogate: it was a 1011 internal error)
+        for start in ("{}", '{"api_key": "\\udcff"}'):
+            with connect(f"{srv.ws_url}/v1/stream", open_timeout=30) as ws:
+                ws.send(start)
+                assert json.loads(ws.recv(timeout=30))["code"] == "unauthorized"
+                with pytest.raises(ConnectionClosed):
+                    ws.recv(timeout=10)
+                assert ws.close_code == 1008
         with connect(f"{srv.ws_url}/v1/stream", open_timeout=30) as ws:
             _start(ws, api_key="s3cret")
         with connect(f"{srv.ws_url}/v1/stream", additional_headers={"X-API-Key": "s3cret"}) as ws:
