@@ -190,6 +190,14 @@ def unreadable(path: Any) -> str | None:
     return None
 
 
+def missing(path: Any) -> str:
+    """Why an input that does not exist is missing: no such file, or a link whose target is gone (said so: "no
+    such file" of a name that ls lists puzzled)."""
+    if os.path.islink(path):
+        return f"a link to {os.fsdecode(os.readlink(path))}, which does not exist"
+    return "no such file"
+
+
 def check_readable(path: Any, name: str) -> None:
     """Raise :class:`AudioError` naming ``name`` where :func:`unreadable` gives a reason."""
     reason = unreadable(path)
@@ -256,14 +264,34 @@ def mpeg_stream(data: bytes) -> bool | None:
 
 
 # the first bytes of the containers libsndfile reads (W64 starts "riff"); MP3 is _looks_like_mp3's
-CONTAINER_MAGIC = (b"RIFF", b"RIFX", b"RF64", b"fLaC", b"OggS", b"FORM", b"caff", b".snd", b"riff")
+# the first four bytes of the containers libsndfile reads, and what to call them in a message
+CONTAINER_MAGIC = {
+    b"RIFF": "WAV",
+    b"RIFX": "WAV (big-endian)",
+    b"RF64": "RF64",
+    b"fLaC": "FLAC",
+    b"OggS": "Ogg",
+    b"FORM": "AIFF",
+    b"caff": "CAF",
+    b".snd": "AU",
+    b"riff": "W64",
+}
 PIPE_CHECK_BYTES = 1 << 20  # a pipe's first MiB must show audio before the rest is read into memory
 
 
+def encoded_kind(head: bytes) -> str | None:
+    """What ``head`` (a file's first bytes) starts like: an audio container's name, or MP3 (an ID3 tag, or two
+    MPEG frame headers a frame apart: one sync word alone is in about 1 of 2,700 random inputs); None: neither."""
+    if head[:4] in CONTAINER_MAGIC:
+        return CONTAINER_MAGIC[head[:4]]
+    if head[:3] == b"ID3":
+        return "MP3 (an ID3 tag)"
+    return "MP3" if mpeg_stream(head) else None
+
+
 def looks_encoded(head: bytes) -> bool:
-    """Whether ``head`` (a file's first bytes) starts like an audio container or an MP3 (an ID3 tag, or two MPEG
-    frame headers a frame apart: one sync word alone is in about 1 of 2,700 random inputs)."""
-    return head[:4] in CONTAINER_MAGIC or head[:3] == b"ID3" or bool(mpeg_stream(head))
+    """Whether ``head`` starts like an encoded audio file (:func:`encoded_kind`)."""
+    return encoded_kind(head) is not None
 
 
 def read_piped(stream: BinaryIO, name: str) -> bytes:
@@ -356,7 +384,7 @@ def read_info(source: Source) -> AudioInfo:
     """Header of an audio file without reading the samples (raises :class:`AudioError`)."""
     src = _open_source(source)
     if isinstance(src, str | bytes) and not os.path.exists(src):
-        raise AudioError(f"{_name(source)}: no such file")
+        raise AudioError(f"{_name(source)}: {missing(src)}")
     check_readable(src, _name(source))
     try:
         with open_audio(src) as f:
@@ -377,7 +405,7 @@ def load_audio(source: Source) -> tuple[np.ndarray, AudioInfo]:
     name = _name(source)
     if isinstance(src, str | bytes):
         if not os.path.exists(src):
-            raise AudioError(f"{name}: no such file")
+            raise AudioError(f"{name}: {missing(src)}")
         if os.path.isdir(src):
             raise AudioError(f"{name}: is a directory")
         if os.path.isfile(src) and os.path.getsize(src) == 0:  # a pipe has no size

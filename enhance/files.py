@@ -37,6 +37,7 @@ from enhance.audio_io import (
     format_fallback,
     fs_path,
     header_frames,
+    missing,
     nearest_existing,
     open_audio,
     output_format,
@@ -320,7 +321,7 @@ def enhance_file(
     ``out_format``: the container (default: from ``dst``'s extension)."""
     src_p, dst_p = Path(src), Path(dst)
     if not src_p.exists():
-        raise AudioError(f"{src}: no such file")
+        raise AudioError(f"{src}: {missing(src)}")
     if src_p.is_dir():
         raise AudioError(f"{src}: is a directory")
     if src_p.is_file() and src_p.stat().st_size == 0:  # a pipe has no size

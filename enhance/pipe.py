@@ -20,7 +20,7 @@ import numpy as np
 from enhance.audio_io import (
     MAX_FLOAT_SAMPLE,
     AudioError,
-    looks_encoded,
+    encoded_kind,
     mpeg_stream,
     pcm_frames,
     sample_value_error,
@@ -95,9 +95,12 @@ def stream_pcm(
         if not more:
             break
         head += more
-    if looks_encoded(head):
+    kind = encoded_kind(head)
+    if (
+        kind is not None
+    ):  # named: its first bytes, shown as text, were mojibake for an MP3 ("\ufffd\ufffd\ufffdd")
         raise AudioError(
-            f"<stdin>: starts like an encoded audio file ({head[:4].decode(errors='replace')}), but --stream - -o - reads raw PCM: "
+            f"<stdin>: starts like an encoded audio file ({kind}), but --stream - -o - reads raw PCM: "
             "leave out --stream to enhance an encoded file from stdin"
         )
     pending = head

@@ -338,6 +338,46 @@ def test_competition_map_npz_and_png(tmp_path: Path, ckpt: str) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_folder_scan_follows_linked_folders_once_and_reports_dangling_links(
+    tmp_path: Path, ckpt: str
+) -> None:
+    """A folder's scan (rglob) entered no linked folder and dropped a link whose target is gone, both silently.
+    Now a linked folder is enhanced as part of the tree (once: a folder reached both ways keeps its own name,
+    and a link to a folder above is no loop), and a dangling link fails with its reason (exit 1)."""
+    outside, tree = tmp_path / "outside", tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    outside.mkdir()
+    for f in (tree / "a.wav", tree / "sub" / "b.wav", outside / "c.wav"):
+        sf.write(f, noisy(0.3, 16000), 16000)
+    (tree / "external").symlink_to(outside)
+    (tree / "again").symlink_to(tree / "sub")
+    (tree / "sub" / "up").symlink_to(tree)
+    (tree / "gone.wav").symlink_to(tmp_path / "nowhere.wav")
+    out = tmp_path / "out"
+    proc = cli(str(tree), "-o", str(out), "--checkpoint", ckpt, "--json", "-q")
+    assert proc.returncode == 1, proc.stderr
+    assert (
+        f"{tree / 'gone.wav'}: a link to {tmp_path / 'nowhere.wav'}, which does not exist".encode()
+        in proc.stderr
+    )
+    done = sorted(str(f.relative_to(out)) for f in out.rglob("*.wav"))
+    assert done == ["a.wav", "external/c.wav", "sub/b.wav"], done
+    summary = json.loads(proc.stdout)
+    assert (summary["ok"], summary["failed"]) == (3, 1), summary
+
+
+def test_an_input_named_with_a_leading_dash_gets_a_hint(tmp_path: Path, ckpt: str) -> None:
+    """argparse takes "-take1.wav" for an option and said only that inputs are required; the way out is named."""
+    sf.write(tmp_path / "-take1.wav", noisy(0.5, 16000), 16000)
+    proc = cli("-take1.wav", "-o", "x.wav", "--checkpoint", ckpt, cwd=tmp_path)
+    assert proc.returncode == 2 and not (tmp_path / "x.wav").exists()
+    assert b"(-take1.wav is a file: write ./-take1.wav, or put -- before the inputs)" in proc.stderr, (
+        proc.stderr
+    )
+    proc = cli("--checkpoint", ckpt, "-o", "x.wav", "--", "-take1.wav", cwd=tmp_path)
+    assert proc.returncode == 0 and (tmp_path / "x.wav").exists(), proc.stderr
+
+
 def test_json_quiet_version_help(tmp_path: Path, ckpt: str) -> None:
     src = tmp_path / "a.wav"
     sf.write(src, noisy(0.5, 16000), 16000)
@@ -817,11 +857,11 @@ def test_raw_pipe_reports_a_cut_sample_and_an_encoded_file(tmp_path: Path, ckpt:
     buf = io.BytesIO()
     sf.write(buf, noisy(0.3, 16000), 16000, format="FLAC")
     proc = cli("--stream", "-", "-o", "-", "--checkpoint", ckpt, stdin=buf.getvalue())
-    assert proc.returncode == 1 and b"starts like an encoded audio file (fLaC)" in proc.stderr
+    assert proc.returncode == 1 and b"starts like an encoded audio file (FLAC)" in proc.stderr
     assert proc.stdout == b""
     buf = io.BytesIO()  # CAF and tagged MP3 were enhanced as if they were PCM (exit 0)
     sf.write(buf, noisy(0.3, 16000), 16000, format="CAF")
-    for encoded, head in ((buf.getvalue(), b"caff"), (b"ID3\x04\x00" + bytes(3200), b"ID3")):
+    for encoded, head in ((buf.getvalue(), b"CAF"), (b"ID3\x04\x00" + bytes(3200), b"MP3 (an ID3 tag)")):
         proc = cli("--stream", "-", "-o", "-", "--checkpoint", ckpt, stdin=encoded)
         assert proc.returncode == 1 and b"starts like an encoded audio file (" + head in proc.stderr, (
             proc.stderr
@@ -831,7 +871,8 @@ def test_raw_pipe_reports_a_cut_sample_and_an_encoded_file(tmp_path: Path, ckpt:
         sf.write(buf, noisy(0.3, 16000), 16000, format="MP3")
         assert buf.getvalue()[:1] == b"\xff"  # what the test is about: a bare frame header, no ID3 tag
         proc = cli("--stream", "-", "-o", "-", "--checkpoint", ckpt, stdin=buf.getvalue())
-        assert proc.returncode == 1 and b"starts like an encoded audio file" in proc.stderr, proc.stderr
+        # named, not its first bytes shown as text (mojibake for a frame header)
+        assert proc.returncode == 1 and b"starts like an encoded audio file (MP3)" in proc.stderr, proc.stderr
     # PCM that starts with a valid MPEG frame header, but no second one a frame later, is PCM
     header = bytes.fromhex("fff388c4")  # MPEG-2 layer III, 64 kbit/s at 16 kHz: frames of 288 bytes
     proc = cli("--stream", "-", "-o", "-", "--checkpoint", ckpt, stdin=header + pcm)
