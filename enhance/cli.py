@@ -715,6 +715,15 @@ def _terminated(signum: int, frame: Any, pipe: bool = False) -> None:
     raise SystemExit(128 + signum)
 
 
+class Stopped(Exception):
+    """A stop signal during a batch, with the results so far: the files done, the one cut short and those not
+    started (a Ctrl-C mid-batch printed no summary, not even with --json, nor said what was left undone)."""
+
+    def __init__(self, results: list[FileResult], stop: BaseException) -> None:
+        super().__init__("stopped")
+        self.results, self.stop = results, stop
+
+
 def _run_all(
     ck: Checkpoint,
     targets: list[tuple[str, str]],
@@ -724,38 +733,58 @@ def _run_all(
     backend: Any,
     say: Any,
 ) -> list[FileResult]:
-    """Enhance every input in turn; one file's failure never stops the batch."""
-    results = []
-    for (src, dst), map_path in zip(targets, maps, strict=True):
+    """Enhance every input in turn; one file's failure never stops the batch. A stop signal does: raised again
+    as :class:`Stopped`, with every input's result (the one in progress and those after it failed)."""
+    results: list[FileResult] = []
+    for i, ((src, dst), map_path) in enumerate(zip(targets, maps, strict=True)):
         try:
-            if args.competition_map and os.path.exists(map_path) and not args.overwrite:
-                raise AudioError(f"{map_path}: competition map exists (use --overwrite)")
-            if args.competition_map:  # before the audio is written: it stayed, and the file counted as failed
-                blocked = nearest_existing(Path(map_path).parent)
-                if blocked is not None and not blocked.is_dir():
-                    raise AudioError(f"{map_path}: cannot be written, {blocked} is not a folder")
-                if blocked is not None and not os.access(blocked, os.W_OK):  # a read-only folder or mount
-                    raise AudioError(f"{map_path}: cannot be written, {blocked} is not writable")
-            result = run_one(ck, src, dst, args, progress, backend, map_path)
-            say(f"{src} -> {dst} ({result.duration_s:.1f} s audio in {result.wall_seconds:.1f} s)")
-            for warning in result.warnings:  # also with --quiet, which quiets progress, not problems
-                print(f"enhance-cli: warning: {warning}", file=sys.stderr)
-        except Exception as exc:  # one file's failure never stops the batch, and never shows a traceback
-            PendingStop.check()  # the failure of a read a stop signal cut short: the stop, not the file, ends it
-            if isinstance(exc, BrokenPipeError) and dst == "-":
-                msg = f"{src}: stdout was closed before all of the enhanced audio was written"
-            elif isinstance(exc, AudioError):
-                msg = str(exc)
-            elif isinstance(exc, OSError | ValueError):
-                msg = f"{src}: {exc}"
-            else:
-                msg = f"{src}: unexpected {type(exc).__name__}: {exc}"
-            print(f"enhance-cli: error: {msg}", file=sys.stderr)
-            if isinstance(exc, BrokenPipeError) and dst == "-":
-                _drop_stdout()
-            result = FileResult(src, getattr(exc, "output", None), False, error=msg)
-        results.append(result)
+            results.append(_run_one_of_batch(ck, src, dst, map_path, args, progress, backend, say))
+        except (KeyboardInterrupt, SystemExit) as stop:
+            results.append(FileResult(src, None, False, error=f"{src}: stopped before it was finished"))
+            results.extend(FileResult(s, None, False, error=f"{s}: not started") for s, _ in targets[i + 1 :])
+            raise Stopped(results, stop) from None
     return results
+
+
+def _run_one_of_batch(
+    ck: Checkpoint,
+    src: str,
+    dst: str,
+    map_path: str,
+    args: argparse.Namespace,
+    progress: Progress,
+    backend: Any,
+    say: Any,
+) -> FileResult:
+    """One input of :func:`_run_all`: its result, a failure reported and returned as one."""
+    try:
+        if args.competition_map and os.path.exists(map_path) and not args.overwrite:
+            raise AudioError(f"{map_path}: competition map exists (use --overwrite)")
+        if args.competition_map:  # before the audio is written: it stayed, and the file counted as failed
+            blocked = nearest_existing(Path(map_path).parent)
+            if blocked is not None and not blocked.is_dir():
+                raise AudioError(f"{map_path}: cannot be written, {blocked} is not a folder")
+            if blocked is not None and not os.access(blocked, os.W_OK):  # a read-only folder or mount
+                raise AudioError(f"{map_path}: cannot be written, {blocked} is not writable")
+        result = run_one(ck, src, dst, args, progress, backend, map_path)
+        say(f"{src} -> {dst} ({result.duration_s:.1f} s audio in {result.wall_seconds:.1f} s)")
+        for warning in result.warnings:  # also with --quiet, which quiets progress, not problems
+            print(f"enhance-cli: warning: {warning}", file=sys.stderr)
+    except Exception as exc:  # one file's failure never stops the batch, and never shows a traceback
+        PendingStop.check()  # the failure of a read a stop signal cut short: the stop, not the file, ends it
+        if isinstance(exc, BrokenPipeError) and dst == "-":
+            msg = f"{src}: stdout was closed before all of the enhanced audio was written"
+        elif isinstance(exc, AudioError):
+            msg = str(exc)
+        elif isinstance(exc, OSError | ValueError):
+            msg = f"{src}: {exc}"
+        else:
+            msg = f"{src}: unexpected {type(exc).__name__}: {exc}"
+        print(f"enhance-cli: error: {msg}", file=sys.stderr)
+        if isinstance(exc, BrokenPipeError) and dst == "-":
+            _drop_stdout()
+        result = FileResult(src, getattr(exc, "output", None), False, error=msg)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -915,7 +944,21 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # (not a background job's SIG_IGN)
             signal.signal(signal.SIGINT, _interrupted)
         sys.unraisablehook = _quiet_stops
-    results = _run_all(ck, targets, maps, args, progress, backend, say)
+    stop: BaseException | None = None
+    try:
+        results = _run_all(ck, targets, maps, args, progress, backend, say)
+    except Stopped as stopped:  # what was done, and what not, is said before the stop is raised again
+        results, stop = stopped.results, stopped.stop
+        if len(results) > 1:
+            cut = next(
+                r.input for r in results if r.error and r.error.endswith("stopped before it was finished")
+            )
+            waiting = sum(1 for r in results if r.error and r.error.endswith(": not started"))
+            print(
+                f"enhance-cli: stopped during {cut}: {sum(r.ok for r in results)} of {len(results)} files "
+                f"enhanced, {waiting} not started",
+                file=sys.stderr,
+            )
     if args.json:
         model_info: dict[str, Any] = {"name": ck.name, "training": ck.training}
         if not args.checkpoint:  # a bundled model: its card has what was measured since its export
@@ -931,11 +974,15 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             "ok": sum(r.ok for r in results),
             "failed": sum(not r.ok for r in results),
         }
+        if stop is not None:
+            out["stopped"] = True
         text = json.dumps(out, indent=2)
         if to_stdout:
             print(text, file=sys.stderr)
         else:
             print(text)
+    if stop is not None:
+        raise stop
     return 0 if all(r.ok for r in results) else 1
 
 

@@ -160,6 +160,8 @@ def enhance_stream(
         check_header(name, frames, channels, rate)
         declared = header_frames(fin)
         fmt = out_format or fin.format
+        if fmt == "WAV" and fin.format == "WAVEX":  # a .wav of WAVE_FORMAT_EXTENSIBLE stays so, with its
+            fmt = "WAVEX"  # speaker mask for the channel count (5.1 for 6): it came out plain, the mask gone
         if fmt not in sf.available_formats():
             raise AudioError(f"{name}: cannot write format {fmt}")
         subtype = out_subtype or output_subtype(fmt, fin.format, fin.subtype)

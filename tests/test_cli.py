@@ -366,6 +366,19 @@ def test_a_folder_scan_follows_linked_folders_once_and_reports_dangling_links(
     assert (summary["ok"], summary["failed"]) == (3, 1), summary
 
 
+def test_a_wave_format_extensible_input_stays_extensible(tmp_path: Path, ckpt: str) -> None:
+    """A 5.1 WAVE_FORMAT_EXTENSIBLE WAV came out as plain WAVE_FORMAT_PCM, its speaker mask gone."""
+    import struct
+
+    src, dst = tmp_path / "surround.wav", tmp_path / "out.wav"
+    sf.write(src, np.repeat(noisy(0.3, 48000), 6, axis=1), 48000, format="WAVEX", subtype="PCM_24")
+    proc = cli(str(src), "-o", str(dst), "--checkpoint", ckpt, "-q")
+    assert proc.returncode == 0, proc.stderr
+    head = dst.read_bytes()[:64]
+    assert struct.unpack("<H", head[20:22])[0] == 0xFFFE and struct.unpack("<I", head[40:44])[0] == 0x3F
+    assert (sf.info(str(dst)).format, sf.info(str(dst)).subtype) == ("WAVEX", "PCM_24")
+
+
 def test_an_input_named_with_a_leading_dash_gets_a_hint(tmp_path: Path, ckpt: str) -> None:
     """argparse takes "-take1.wav" for an option and said only that inputs are required; the way out is named."""
     sf.write(tmp_path / "-take1.wav", noisy(0.5, 16000), 16000)
@@ -690,11 +703,35 @@ def _as_from_a_terminal() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
+def _signal_while_writing(
+    args: list[str], output: Path, sig: int
+) -> tuple[bytes, bytes, subprocess.Popen[bytes]]:
+    """Run enhance-cli with ``args`` as from a terminal (a job a script started in the background inherits SIGINT
+    ignored, and one under nohup SIGHUP, which enhance-cli then leaves ignored, as nohup asks), send ``sig`` once
+    ``output``'s temporary file exists, and return stdout, stderr and the finished process."""
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "enhance.cli", *args],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_as_from_a_terminal,
+    )
+    pattern = f".{output.name}.*.tmp"
+    deadline = time.monotonic() + 120
+    while not list(output.parent.glob(pattern)) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert list(output.parent.glob(pattern)), f"the run ended before {output.name} was being written"
+    proc.send_signal(sig)
+    stdout, err = proc.communicate(timeout=120)
+    return stdout, err, proc
+
+
 def test_a_killed_run_leaves_no_temporary_file(tmp_path: Path) -> None:
     """SIGTERM (timeout, kill) in the middle of writing: the temporary output is removed, exit 128 + 15; Ctrl-C
     (SIGINT) is a one-line message and exit 130, not a traceback."""
     import signal
-    import time
 
     src = tmp_path / "long.wav"
     sf.write(src, noisy(240.0, 16000), 16000)
@@ -709,23 +746,33 @@ def test_a_killed_run_leaves_no_temporary_file(tmp_path: Path) -> None:
     ):
         out = tmp_path / f"out-{code}"
         # the bundled model: seconds for 240 s of audio (the tiny one was done in 0.6 s, before the signal came)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "enhance.cli", str(src), "-o", str(out / "o.wav")],
-            env=ENV,
-            stderr=subprocess.PIPE,
-            # as from a terminal: a job started in the background by a script inherits SIGINT ignored, and one
-            # under nohup SIGHUP (which enhance-cli then leaves ignored, as nohup asks)
-            preexec_fn=_as_from_a_terminal,
-        )
-        deadline = time.monotonic() + 120
-        while not list(out.glob(".o.wav.*.tmp")) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert list(out.glob(".o.wav.*.tmp")), "the run ended before its output was being written"
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=120)
+        _, err, proc = _signal_while_writing([str(src), "-o", str(out / "o.wav")], out / "o.wav", sig)
         assert proc.returncode == code, err
         assert said in err and b"Traceback" not in err
         assert not out.exists()  # nothing left: no temporary file, nor the folder made for the output
+
+
+def test_ctrl_c_mid_batch_says_what_was_done_and_what_not(tmp_path: Path) -> None:
+    """Ctrl-C during the second of three files printed no --json summary and did not say which files were done:
+    now the summary comes (with "stopped"), the file in progress and those after it are named, the first
+    file's output stays, and the exit is still 130 with nothing of the cut file left."""
+    import signal
+
+    folder, out = tmp_path / "in", tmp_path / "out"
+    folder.mkdir()
+    for name, seconds in (("a.wav", 0.5), ("b.wav", 240.0), ("c.wav", 0.5)):
+        sf.write(folder / name, noisy(seconds, 16000), 16000)
+    stdout, err, proc = _signal_while_writing(
+        [str(folder), "-o", str(out), "--json", "-q"], out / "b.wav", signal.SIGINT
+    )
+    assert proc.returncode == 130, err
+    assert f"stopped during {folder / 'b.wav'}: 1 of 3 files enhanced, 1 not started".encode() in err, err
+    summary = json.loads(stdout)
+    assert summary["stopped"] is True and (summary["ok"], summary["failed"]) == (1, 2), summary
+    errors = [f["error"] for f in summary["files"]]
+    assert errors[0] is None and errors[1].endswith("stopped before it was finished"), errors
+    assert errors[2].endswith("c.wav: not started"), errors
+    assert sorted(p.name for p in out.iterdir()) == ["a.wav"]  # nothing of b.wav, not even its temporary file
 
 
 @pytest.mark.parametrize("entry", ["cli", "server"])
