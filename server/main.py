@@ -144,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=bounded(int, 1),
         default=64,
         help="uvicorn: connections (HTTP and WebSocket, idle ones too) at once before it answers 503; bounds the "
-        "memory that uploads being read can hold (each up to --max-upload-mb)",
+        "memory that uploads being read can hold (each up to 2x --max-upload-mb while a raw body is read, 3x while "
+        "a multipart one is parsed: a review measured 92 and 135 MiB for 45-MiB uploads)",
     )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--version", action="version", version=f"enhance-server {package_version()}")
