@@ -194,6 +194,13 @@ def missing(path: Any) -> str:
     """Why an input that does not exist is missing: no such file, or a link whose target is gone (said so: "no
     such file" of a name that ls lists puzzled)."""
     if os.path.islink(path):
+        try:
+            os.stat(path)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return (
+                    f"a link to {os.fsdecode(os.readlink(path))} that leads back to itself (a loop of links)"
+                )
         return f"a link to {os.fsdecode(os.readlink(path))}, which does not exist"
     return "no such file"
 
@@ -325,20 +332,20 @@ def reopen_audio(src: Any) -> sf.SoundFile:
 
 
 # libsndfile's log of a header whose chunk sizes run past the end of the file: "data : 64000 (should be 31978)"
-_SHOULD_BE = re.compile(r"^\s*(data|SSND|riff|RIFF|Riff size)\s*:\s*(\d+)\s*\(should be (\d+)\)", re.M)
+_SHOULD_BE = re.compile(r"^\s*(data|SSND)\s*:\s*(\d+)\s*\(should be (\d+)\)", re.M)
 
 
 def header_frames(fin: sf.SoundFile) -> int | None:
-    """About how many frames the header of a cut WAV, AIFF, W64 or RF64 file gives, when more than it holds (None
+    """About how many frames the header of a cut WAV or AIFF file gives, when more than it holds (None
     otherwise). libsndfile quietly shortens such a file's ``frames`` to what is there, so a WAV cut in transit was
     enhanced without the warning a cut FLAC or MP3 gets. Read from libsndfile's log of the header: the audio
-    chunk's size (data, SSND) where it has one, else the container's (W64, RF64), against the bytes present."""
+    chunk's size (data, SSND) against the bytes present. (W64 and RF64 log only their container's size, which a
+    wrong but harmless field also shows: not read.)"""
     sizes = {name: (int(said), int(real)) for name, said, real in _SHOULD_BE.findall(fin.extra_info)}
-    said, real = (
-        sizes.get("data") or sizes.get("SSND") or sizes.get("riff") or sizes.get("Riff size") or (0, 0)
-    )
-    # a size near 2^31 or 2^32 is a streaming writer's "unknown" (ffmpeg and sox to a pipe), not a promise
-    if not 0 < real < said < 0x7FFF0000 or fin.frames == 0:
+    said, real = sizes.get("data") or sizes.get("SSND") or (0, 0)
+    # a size near 2^31 or 2^32 is a streaming writer's "unknown" (ffmpeg and sox to a pipe), not a promise; one
+    # byte over is a pad byte counted but not written
+    if not 0 < real < said - 1 < 0x7FFF0000 or fin.frames == 0:
         return None
     return max(fin.frames + 1, round(fin.frames * said / real))
 

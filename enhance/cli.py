@@ -102,15 +102,20 @@ def _ranged(lo: int, hi: int) -> Any:
 
 class CliParser(argparse.ArgumentParser):
     """argparse, with a hint for a file whose name starts with a dash: ``enhance-cli -take1.wav -o x.wav`` said
-    only "the following arguments are required: inputs"."""
+    only "the following arguments are required: inputs". Given for argparse's own errors only, and for the
+    arguments before a ``--`` (after it, the name was already read as a file)."""
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
-        self.given = list(sys.argv[1:] if args is None else args)
-        return super().parse_args(self.given, namespace)
+        given = list(sys.argv[1:] if args is None else args)
+        self.options = given[: given.index("--")] if "--" in given else given
+        try:
+            return super().parse_args(given, namespace)
+        finally:
+            self.options = []
 
     def error(self, message: str) -> NoReturn:
         dashed = [
-            a for a in getattr(self, "given", []) if a.startswith("-") and a != "-" and os.path.exists(a)
+            a for a in getattr(self, "options", []) if a.startswith("-") and a != "-" and os.path.isfile(a)
         ]
         if dashed:
             message += f" ({dashed[0]} is a file: write ./{dashed[0]}, or put -- before the inputs)"
@@ -232,7 +237,7 @@ def expand_inputs(
                     f"-o {output} is the input folder {item}: the outputs would replace the inputs; "
                     "choose another folder (or leave out -o: outputs go beside the inputs as *.enhanced.*)"
                 )
-            files = _scan(root)
+            files = _scan(root, out_dir)
             kept = [f for f in files if not _earlier_output(f, root, out_dir, output is None)]
             left_out += len(files) - len(kept)
             out.extend((str(f), str(f.relative_to(root))) for f in kept)
@@ -248,29 +253,47 @@ def expand_inputs(
     return out, left_out, collective
 
 
-def _scan(root: Path) -> list[Path]:
-    """The audio files under ``root``, sorted. Links to folders are followed, each folder read once (a link to a
-    folder above is no loop), and a link whose target is gone is kept, to fail with its reason: rglob entered no
-    linked folder and is_file() dropped a dangling link, both without a word."""
-    found, seen = [], set()
+def _scan(root: Path, out_dir: Path | None = None) -> list[Path]:
+    """The audio files under ``root``, sorted; hidden folders are not entered. A link to a folder is followed
+    when that folder is not part of the tree already (its files keep their own names; a link to a folder above
+    is no loop), not already reached by another link, and not the output folder ``out_dir`` or in it (earlier
+    outputs are no inputs). A link whose target is gone is kept, to fail with its reason. rglob entered no
+    linked folder and dropped a dangling link, both without a word."""
+    own = set()  # the real paths of the tree's own folders
+    for folder, dirs, _ in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        own.add(os.path.realpath(folder))
+    found: list[Path] = []
+    seen = set(own)
     for folder, dirs, names in os.walk(root, followlinks=True):
-        real = os.path.realpath(folder)
-        if real in seen:
-            dirs[:] = []
-            continue
-        seen.add(real)
-        # folders before links to folders, so that a folder's files keep its own name when a link reaches it too
-        dirs.sort(key=lambda d: (os.path.islink(os.path.join(folder, d)), d))
+        kept = []
+        for d in sorted(dirs):
+            path = os.path.join(folder, d)
+            if d.startswith("."):
+                continue
+            if os.path.islink(path):
+                real = os.path.realpath(path)
+                inside_out = out_dir is not None and (Path(real) == out_dir or out_dir in Path(real).parents)
+                if real in seen or inside_out:
+                    continue
+                seen.add(real)
+            kept.append(d)
+        dirs[:] = kept
         for name in names:
             f = Path(folder) / name
             dangling = f.is_symlink() and not f.exists()
-            if (
-                f.suffix.lower() in AUDIO_SUFFIXES
-                and not _hidden(f.relative_to(root))
-                and (f.is_file() or dangling)
-            ):
+            if f.suffix.lower() in AUDIO_SUFFIXES and not name.startswith(".") and (f.is_file() or dangling):
                 found.append(f)
-    return sorted(found)
+    # a file reached by two ways (a link to a folder inside a linked one) once, by the name with the fewest links
+    best: dict[str, Path] = {}
+    for f in sorted(found, key=lambda f: (_links_to(f, root), str(f))):
+        best.setdefault(str(f) if f.is_symlink() and not f.exists() else os.path.realpath(f), f)
+    return sorted(best.values())
+
+
+def _links_to(f: Path, root: Path) -> int:
+    """Through how many links to folders below ``root`` the path ``f`` goes."""
+    return sum((root / parent).is_symlink() for parent in f.relative_to(root).parents if parent != Path("."))
 
 
 def _hidden(relative: Path) -> bool:
@@ -709,7 +732,7 @@ def _interrupted(signum: int, frame: Any) -> None:
 
 def _terminated(signum: int, frame: Any, pipe: bool = False) -> None:
     """SIGTERM, or SIGHUP (the terminal or ssh session went away): unwind, so no temporary file is left."""
-    if PendingStop.raised is None:  # said once, however often the exception is raised again
+    if not isinstance(PendingStop.raised, SystemExit):  # said once, however often it is raised again
         print("enhance-cli: terminated" + ("" if pipe else " (no partial output is left)"), file=sys.stderr)
     PendingStop.raised = SystemExit(128 + signum)
     raise SystemExit(128 + signum)
@@ -737,13 +760,31 @@ def _run_all(
     as :class:`Stopped`, with every input's result (the one in progress and those after it failed)."""
     results: list[FileResult] = []
     for i, ((src, dst), map_path) in enumerate(zip(targets, maps, strict=True)):
+        started = time.time()
         try:
             results.append(_run_one_of_batch(ck, src, dst, map_path, args, progress, backend, say))
         except (KeyboardInterrupt, SystemExit) as stop:
-            results.append(FileResult(src, None, False, error=f"{src}: stopped before it was finished"))
+            results.append(_stopped_result(src, dst, map_path if args.competition_map else None, started))
             results.extend(FileResult(s, None, False, error=f"{s}: not started") for s, _ in targets[i + 1 :])
             raise Stopped(results, stop) from None
     return results
+
+
+def _stopped_result(src: str, dst: str, map_path: str | None, started: float) -> FileResult:
+    """The result of the input a stop signal came during: its output may already be in place (the signal came
+    while its competition map was drawn, or its line printed), then it counts as done, or as missing its map."""
+    written = (
+        dst != "-" and os.path.isfile(dst) and os.stat(dst).st_mtime >= started - 0.05
+    )  # (coarse clocks)
+    if not written:
+        return FileResult(src, None, False, error=f"{src}: stopped before it was finished")
+    if map_path is not None and not (
+        os.path.isfile(map_path) and os.stat(map_path).st_mtime >= started - 0.05
+    ):
+        return FileResult(
+            src, dst, False, error=f"{src}: stopped after its audio was written, before its map"
+        )
+    return FileResult(src, dst, True)
 
 
 def _run_one_of_batch(
@@ -791,12 +832,22 @@ def main(argv: list[str] | None = None) -> int:
     PendingStop.raised = None  # (tests call main more than once in a process)
     parser = build_parser()
     args = parser.parse_args(argv)
+    # the handlers _main installs, given back at the end (for callers that run main in their own process)
+    main_thread = threading.current_thread() is threading.main_thread()
+    signals = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    previous = [signal.getsignal(s) for s in signals] if main_thread else []
+    hook = sys.unraisablehook
     try:
         return _main(parser, args)
     except KeyboardInterrupt:  # also while the model loads or a backend builds
         pipe = args.stream and "-" in args.inputs  # what it wrote is gone down the pipe already
         print("enhance-cli: interrupted" + ("" if pipe else " (no partial output is left)"), file=sys.stderr)
         return 130
+    finally:
+        sys.unraisablehook = hook
+        for sig, handler in zip(signals, previous, strict=False):
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -950,12 +1001,10 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except Stopped as stopped:  # what was done, and what not, is said before the stop is raised again
         results, stop = stopped.results, stopped.stop
         if len(results) > 1:
-            cut = next(
-                r.input for r in results if r.error and r.error.endswith("stopped before it was finished")
-            )
             waiting = sum(1 for r in results if r.error and r.error.endswith(": not started"))
+            last = results[len(results) - waiting - 1].input
             print(
-                f"enhance-cli: stopped during {cut}: {sum(r.ok for r in results)} of {len(results)} files "
+                f"enhance-cli: stopped during {last}: {sum(r.ok for r in results)} of {len(results)} files "
                 f"enhanced, {waiting} not started",
                 file=sys.stderr,
             )

@@ -160,8 +160,6 @@ def enhance_stream(
         check_header(name, frames, channels, rate)
         declared = header_frames(fin)
         fmt = out_format or fin.format
-        if fmt == "WAV" and fin.format == "WAVEX":  # a .wav of WAVE_FORMAT_EXTENSIBLE stays so, with its
-            fmt = "WAVEX"  # speaker mask for the channel count (5.1 for 6): it came out plain, the mask gone
         if fmt not in sf.available_formats():
             raise AudioError(f"{name}: cannot write format {fmt}")
         subtype = out_subtype or output_subtype(fmt, fin.format, fin.subtype)
@@ -330,9 +328,15 @@ def enhance_file(
         raise AudioError(f"{src}: empty file (0 bytes)")
     if dst_p.exists() and (dst_p.resolve() == src_p.resolve() or os.path.samefile(src_p, dst_p)):
         raise AudioError(f"{src}: refusing to overwrite the input file")
-    read_info(src_p)  # an unreadable input is reported as such before anything about the output
+    info = read_info(src_p)  # an unreadable input is reported as such before anything about the output
     fmt, implied = (out_format.upper(), None) if out_format else output_format(dst_p)
     out_subtype = out_subtype or implied
+    if not out_format and fmt == "WAV" and info.format == "WAVEX":
+        # a .wav of a WAVE_FORMAT_EXTENSIBLE input stays so, with the speaker mask of its channel count (5.1 for
+        # 6; it came out plain, the mask gone), where WAVEX holds its sample format (not ADPCM or GSM)
+        subtype = out_subtype or output_subtype("WAVEX", info.format, info.subtype)
+        if subtype is None or sf.check_format("WAVEX", subtype):
+            fmt = "WAVEX"
     with new_output(dst_p, overwrite) as tmp:
         result = enhance_stream(
             model, str(src_p), tmp, name=str(src), out_format=fmt, out_subtype=out_subtype, **kwargs

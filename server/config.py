@@ -27,6 +27,9 @@ class ClientErrorLogFilter(logging.Filter):
         if record.getMessage().startswith("Invalid UTF-8 sequence received from client"):
             record.levelno, record.levelname = logging.WARNING, "WARNING"
             record.exc_info = record.exc_text = None
+            return logging.getLogger(record.name).isEnabledFor(
+                logging.WARNING
+            )  # --log-level error: not shown
         return True
 
 

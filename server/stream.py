@@ -4,17 +4,20 @@ Protocol (client -> server, server -> client):
 
 1. JSON ``{"sample_rate": 16000, "channels": 1, "format": "s16le" | "f32le"}`` (optional ``model``, ``api_key``)
    -> JSON ``{"type": "ready", "latency_ms": 48.0, ...}``
-2. binary frames of interleaved little-endian PCM (any whole number of samples per frame)
+2. binary frames of interleaved little-endian PCM of any length (a sample frame may be split across messages)
    -> binary frames of enhanced PCM, same rate, channels and format, as they become final
-3. JSON ``{"type": "end"}`` -> the remaining samples, then ``{"type": "done", "samples": N}`` (N = samples per
+3. optionally JSON ``{"type": "flush"}`` -> the audio held back, then ``{"type": "flushed", "samples": N}``; the
+   stream goes on as a new segment
+4. JSON ``{"type": "end"}`` -> the remaining samples, then ``{"type": "done", "samples": N}`` (N = samples per
    channel sent back in all, equal to the number received) and a normal close (1000).
 
-Errors: ``{"type": "error", "code": ..., "error": ...}`` then close 1003 (data the server cannot take: binary
-where JSON was expected, a frame that is not whole samples, NaN/inf samples or float samples beyond ±1000,
+Errors: ``{"type": "error", "code": ..., "message": ...}`` then close 1003 (data the server cannot take: binary
+where JSON was expected, a flush or end inside a sample frame, NaN/inf samples or float samples beyond ±1000,
 unknown message) or 1008 (bad start message, API key, more channels than ``--max-channels``, unknown model,
 stream over the length limit, ``idle_timeout``: no message from the client while none of its audio was being
 enhanced, for ``--stream-idle-timeout``), 1013 when busy or still loading. At the length limit
-(``--max-stream-seconds``) the audio up to the limit is enhanced, flushed and sent before the error. A client
+(``--max-stream-seconds``, and that plus the idle timeout of wall-clock time) the audio up to the limit is
+enhanced, flushed and sent before the error. A client
 that reads nothing for the idle timeout gets no message (it would not read it): its stream ends and its slot is
 freed. Frames over 16 MiB are closed 1009 by the WebSocket layer itself, with no JSON message.
 
