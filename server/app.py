@@ -26,7 +26,7 @@ from starlette.staticfiles import NotModifiedResponse, PathLike, StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from models import CheckpointError
-from server.config import ServerConfig, quiet_client_errors
+from server.config import PROBE_PATHS, ServerConfig, quiet_client_errors
 from server.errors import ApiError, error_body, install_handlers
 from server.jobs import JobRunner
 from server.metrics import Metrics
@@ -167,6 +167,38 @@ class MetricsMiddleware:
             self.metrics.latency.observe(time.perf_counter() - t0, route=route, method=method)
 
 
+class ConcurrencyLimit:
+    """At most ``limit`` HTTP requests and WebSocket connections at once, the probes and /metrics apart (they
+    pass whatever the load, so a busy server still answers its liveness probe and its scrapes): beyond it 503
+    ``busy`` with Retry-After, or a WebSocket closed 1013 at the handshake (HTTP 403 to the client), counted
+    as rejections ``too_many_connections``."""
+
+    def __init__(self, app: ASGIApp, limit: int, retry_after_s: int, metrics: Metrics) -> None:
+        self.app, self.limit, self.retry_after_s, self.metrics = app, limit, retry_after_s, metrics
+        self.active = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope.get("path") in PROBE_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if self.active >= self.limit:
+            self.metrics.rejections.inc(reason="too_many_connections")
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1013})
+                return
+            body = error_body(
+                "busy", f"the server is handling {self.limit} requests and streams at once; try again shortly"
+            )
+            response = JSONResponse(body, status_code=503, headers={"Retry-After": str(self.retry_after_s)})
+            await response(scope, receive, send)
+            return
+        self.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
+
+
 class JSONCORSMiddleware(CORSMiddleware):
     """Starlette's CORS middleware, with a refused preflight answered as every other 4xx: a JSON error body
     (Starlette's is the plain text "Disallowed CORS origin, headers")."""
@@ -265,6 +297,13 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
     else:  # an install without the package data: the API still works
         log.warning("web page not installed (%s missing); serving the API only", STATIC_DIR)
     answer_head(app.router)
+    if config.limit_concurrency is not None:  # inside CORS: a cross-origin page reads its 503 as a 503
+        app.add_middleware(
+            ConcurrencyLimit,
+            limit=config.limit_concurrency,
+            retry_after_s=config.retry_after_s,
+            metrics=metrics,
+        )
     if config.cors_origins:
         app.add_middleware(
             JSONCORSMiddleware,
@@ -274,5 +313,5 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
             expose_headers=EXPOSED_HEADERS,
             max_age=600,
         )
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: it counts the 503s above too
     return app

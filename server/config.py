@@ -40,6 +40,12 @@ def quiet_client_errors() -> None:
         logger.addFilter(ClientErrorLogFilter())
 
 
+# connections uvicorn takes beyond limit_concurrency, for /healthz, /readyz and /metrics: with uvicorn's limit
+# alone a server full of streams answered its liveness probe 503 (a restart, every stream cut) and its scrapes
+PROBE_ROOM = 16
+PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """What the server loads and the limits it enforces.
@@ -79,6 +85,9 @@ class ServerConfig:
     # kernels: on an H200 a hop took 5.6-6.5 ms against 1.3-1.5 for the C step on one core, bench/results/device-cuda.md)
     stream_device: str = "cpu"
     load_in_background: bool = True  # serve /healthz (and 503 on /readyz) while the model loads
+    # HTTP requests and WebSocket streams handled at once, the probes and /metrics apart (None: no limit); beyond
+    # it 503 busy (JSON) or close 1013. enhance-server gives uvicorn this plus PROBE_ROOM as its own limit
+    limit_concurrency: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_upload_bytes <= 0:

@@ -13,15 +13,17 @@ import enhance.wait_policy  # noqa: F401  (first: OpenMP reads its waiting polic
 # isort: split
 import argparse
 import logging
+import math
 import os
 import sys
+import urllib.parse
 
 from enhance.arguments import bounded, package_version
 from enhance.audio_io import MAX_CHANNELS
 from enhance.backends import BACKENDS, REDUCED_PRECISION
 from enhance.device import inference_device
 from models import CheckpointError
-from server.config import MB, UVICORN_WS, ServerConfig
+from server.config import MB, PROBE_ROOM, UVICORN_WS, ServerConfig
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -39,6 +41,25 @@ def port_number(text: str) -> int:
 # durations and timeouts (s): above 0, at most a year (1e305 passed, then overflowed a stream's sample count: every
 # stream an internal error)
 SECONDS = bounded(float, 0, above=True, high=365 * 24 * 3600)
+
+
+def cors_origin(text: str) -> str:
+    """An origin as browsers send it: ``scheme://host[:port]``, lower case, no path ("https://app.example.com/"
+    and "https://APP.example.com" were taken as given and then matched no browser's Origin); or ``*``."""
+    if text == "*":
+        return text
+    parts = urllib.parse.urlsplit(text.strip())
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
+        raise argparse.ArgumentTypeError(
+            f"expected scheme://host[:port] (an origin, no path) or '*', got {text!r}"
+        )
+    if parts.query or parts.fragment or "@" in parts.netloc:
+        raise argparse.ArgumentTypeError(
+            f"expected scheme://host[:port] (an origin, no path) or '*', got {text!r}"
+        )
+    return f"{parts.scheme.lower()}://{parts.netloc.lower()}"
+
+
 UPLOAD_MB = bounded(float, 0.001, high=1e6)  # 1e-9 MiB made a limit of 0 bytes
 
 
@@ -133,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cors-origin",
         action="append",
+        type=cors_origin,
         default=[],
         metavar="ORIGIN",
         help="allowed CORS origin (repeatable; '*': any); also the origins whose pages may open WS /v1/stream "
@@ -143,9 +165,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--limit-concurrency",
         type=bounded(int, 1),
         default=64,
-        help="uvicorn: connections (HTTP and WebSocket, idle ones too) at once before it answers 503; bounds the "
-        "memory that uploads being read can hold (each up to 2x --max-upload-mb while a raw body is read, 3x while "
-        "a multipart one is parsed: a review measured 92 and 135 MiB for 45-MiB uploads)",
+        help="HTTP requests and WebSocket streams at once before 503 busy (streams: close 1013); /healthz, /readyz "
+        f"and /metrics pass beyond it (uvicorn itself takes {PROBE_ROOM} more connections, idle ones included, for "
+        "them); bounds the memory that uploads being read can hold (each up to 2x --max-upload-mb while a raw body "
+        "is read, 3x while a multipart one is parsed: a review measured 92 and 135 MiB for 45-MiB uploads)",
+    )
+    p.add_argument(
+        "--graceful-timeout",
+        type=SECONDS,
+        default=25.0,
+        help="on SIGTERM or Ctrl-C, wait at most this long (s) for running requests before closing them (below "
+        "Kubernetes' 30-s grace period; a slow upload or a long job held the exit for minutes)",
     )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--version", action="version", version=f"enhance-server {package_version()}")
@@ -174,6 +204,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         api_key=os.environ.get(args.api_key_env) or None,
         cors_origins=tuple(getattr(args, "cors_origin", ())),
         threads=args.threads,
+        limit_concurrency=args.limit_concurrency,
     )
 
 
@@ -202,12 +233,28 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # the WebSocket library's debug lines hold every frame and the handshake's headers: API keys (in the start
+    # message, in Authorization) were written to the log with --log-level debug
+    logging.getLogger("websockets").setLevel(max(logging.INFO, logging.getLogger().level))
+    log = logging.getLogger("server")
+    if config.api_key is None:
+        exposed = args.host not in ("127.0.0.1", "localhost", "::1")
+        (log.warning if exposed else log.info)(
+            "no API key (%s is unset or empty): /v1/* is open to anyone who can reach %s:%d",
+            args.api_key_env,
+            args.host,
+            args.port,
+        )
+    else:
+        log.info("API key required on /v1/* (from %s)", args.api_key_env)
     uvicorn.run(
         create_app(config),
         host=args.host,
         port=args.port,
         log_level=args.log_level,
-        limit_concurrency=args.limit_concurrency,
+        limit_concurrency=args.limit_concurrency
+        + PROBE_ROOM,  # the app's own limit leaves the rest to probes
+        timeout_graceful_shutdown=math.ceil(args.graceful_timeout),
         proxy_headers=False,
         **UVICORN_WS,
     )

@@ -80,7 +80,8 @@ def check_config(config: ServerConfig) -> None:
         names.append(name)
     for spec in config.checkpoints:
         alias, path = _split_alias(spec)
-        names.append(alias or str(read_metadata(path)["name"]))
+        stored = str(read_metadata(path)["name"])  # also behind an alias: a missing file started the server
+        names.append(alias or stored)
     for name in names:  # (found by the load too, but only after the server had started, answering 503s)
         if names.count(name) > 1:
             raise CheckpointError(f"two models are named '{name}' (give one an alias: ALIAS=PATH)")

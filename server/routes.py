@@ -391,9 +391,20 @@ async def list_models(request: Request) -> ModelsResponse:
     )
 
 
-@router.get("/healthz", response_model=HealthResponse, summary="Liveness: the process answers")
-async def healthz() -> HealthResponse:
-    return HealthResponse()
+@router.get(
+    "/healthz",
+    response_model=HealthResponse,
+    summary="Liveness: the process answers, and its models are loaded or loading (503 once loading failed)",
+    responses={
+        503: {"model": HealthResponse, "description": "loading the models failed: restart the process"}
+    },
+)
+async def healthz(request: Request) -> JSONResponse:
+    """A failed load left a process that answered 200 here for good and 503 to everything else: a liveness
+    probe never restarted it. Its reason is on /readyz (without server paths) and in the log."""
+    failed = request.app.state.store.status == "failed"
+    body = HealthResponse(status="failed" if failed else "ok")
+    return JSONResponse(body.model_dump(), status_code=503 if failed else 200)
 
 
 @router.get(

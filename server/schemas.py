@@ -57,7 +57,7 @@ class AnalyzeFormat(_CaseInsensitive):
 
 
 class HealthResponse(BaseModel):
-    status: Literal["ok"] = "ok"
+    status: Literal["ok", "failed"] = "ok"
 
 
 class ReadyResponse(BaseModel):

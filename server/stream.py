@@ -277,6 +277,8 @@ async def stream_endpoint(ws: WebSocket) -> None:
             raise StreamError(
                 "too_many_channels", f"{start.channels} channels; the limit is {cfg.max_channels}", POLICY
             )
+        if cfg.max_streams == 0:  # for good: "busy" told clients to try again in 2 s, forever
+            raise StreamError("streams_disabled", "this server takes no streams (--max-streams 0)", POLICY)
         if state.streams_open >= cfg.max_streams:
             raise StreamError("busy", f"all {cfg.max_streams} streams are in use", TRY_LATER)
         state.streams_open += 1

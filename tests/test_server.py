@@ -1372,6 +1372,44 @@ def test_a_stream_that_trickles_cannot_hold_its_slot_for_good(checkpoint: Path, 
             _start(ws)
 
 
+def test_the_connection_limit_leaves_room_for_probes_and_scrapes(checkpoint: Path) -> None:
+    """uvicorn's --limit-concurrency counted the probes too: a server full of streams answered /healthz 503 (a
+    liveness probe restarted it, every stream cut) and its scrapes, in plain text. The app's own limit leaves
+    /healthz, /readyz and /metrics out, and answers the others 503 busy in JSON (streams: close 1013)."""
+    config = ServerConfig(checkpoints=(str(checkpoint),), threads=1, limit_concurrency=2)
+    with run_server(config) as srv:
+        url = f"{srv.ws_url}/v1/stream"
+        with connect(url, open_timeout=30) as a, connect(url, open_timeout=30) as b:
+            _start(a)
+            _start(b)
+            with srv.client() as c:
+                for probe in ("/healthz", "/readyz", "/metrics"):
+                    assert c.get(probe).status_code == 200, probe
+                busy = c.get("/v1/models")
+                assert _error(busy, 503, "busy")["message"].startswith("the server is handling 2 requests")
+                assert busy.headers["Retry-After"] == "2"
+            from websockets.exceptions import InvalidStatus
+
+            with pytest.raises(InvalidStatus):  # refused at the handshake
+                connect(url, open_timeout=30)
+        with srv.client() as c:  # the streams closed: room again
+            assert c.get("/v1/models").status_code == 200
+            text = c.get("/metrics").text
+        assert _metric(text, "tim_rejections_total", reason="too_many_connections") == 2
+
+
+def test_a_server_without_streams_says_so_for_good(checkpoint: Path) -> None:
+    """--max-streams 0 answered "busy", retry after 2 s: clients retried forever."""
+    config = ServerConfig(checkpoints=(str(checkpoint),), threads=1, max_streams=0)
+    with run_server(config) as srv, connect(f"{srv.ws_url}/v1/stream", open_timeout=30) as ws:
+        ws.send(json.dumps({}))
+        err = json.loads(ws.recv(timeout=30))
+        assert err["code"] == "streams_disabled" and "retry_after" not in err, err
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=10)
+        assert ws.close_code == 1008
+
+
 def test_an_unexpected_error_is_a_500_in_the_error_shape_without_its_text(checkpoint: Path, caplog) -> None:
     """A fault inside the model (here its step raises, with a server path in the text) is answered 500
     internal_error in the shape of every other error, without the exception's text, which goes to the log; the
@@ -1646,6 +1684,9 @@ def test_failed_load_is_reported_by_readyz_without_server_paths(tmp_path: Path, 
         _until(lambda: c.get("/readyz").json()["status"] != "loading")
         ready = c.get("/readyz")
         assert ready.status_code == 503 and ready.json()["status"] == "failed"
+        # and liveness: the process can never serve, so a probe restarts it (it answered 200 for good)
+        health = c.get("/healthz")
+        assert health.status_code == 503 and health.json() == {"status": "failed"}
         error = ready.json()["error"]
         want = "not a safetensors checkpoint" if problem == "not a checkpoint" else "no such checkpoint file"
         assert error.startswith("CheckpointError: bad.safetensors: ") and want in error, error
@@ -1695,6 +1736,20 @@ def test_a_plain_get_of_the_stream_says_it_is_a_websocket(client: httpx.Client) 
 
 
 # ---------- API key, CORS ----------
+
+
+def test_cors_origins_are_taken_as_browsers_send_them() -> None:
+    """A trailing slash or capitals matched no browser's Origin header (scheme://host[:port], lower case)."""
+    args = [
+        "--cors-origin",
+        "https://APP.example.com/",
+        "--cors-origin",
+        "http://localhost:5173",
+        "--cors-origin",
+        "*",
+    ]
+    config = config_from_args(build_parser().parse_args(args))
+    assert config.cors_origins == ("https://app.example.com", "http://localhost:5173", "*")
 
 
 def test_api_key_and_cors(checkpoint: Path) -> None:
@@ -1885,6 +1940,18 @@ def test_enhance_server_command(checkpoint: Path, tmp_path: Path) -> None:
             "enhance-server: error: argument --max-channels: must be at least 1 and at most 64",
         ),
         (["--timeout", "soon"], "enhance-server: error: argument --timeout: expected a number, got 'soon'"),
+        # an alias skipped the check: the server started without its model
+        (["--checkpoint", f"a={missing}"], f"enhance-server: {missing}: no such checkpoint file"),
+        # taken as given, then matched no browser's Origin (they send scheme://host[:port], lower case)
+        (
+            ["--cors-origin", "app.example.com"],
+            "enhance-server: error: argument --cors-origin: expected scheme://host[:port]",
+        ),
+        (
+            ["--cors-origin", "https://app.example.com/path"],
+            "enhance-server: error: argument --cors-origin: expected scheme://host[:port]",
+        ),
+        (["--graceful-timeout", "0"], "enhance-server: error: argument --graceful-timeout: must be more"),
     ):
         failed = subprocess.run(
             [command, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
