@@ -33,11 +33,22 @@ class ClientErrorLogFilter(logging.Filter):
         return True
 
 
+class WebSocketTraceFilter(logging.Filter):
+    """The WebSocket library logs every frame and the handshake's header lines at DEBUG on uvicorn's error log
+    ("< TEXT '{...}'", "< authorization: Bearer ..."): with --log-level debug the API key (in the start message, in
+    Authorization) was written to the log, and a line per 20-ms frame of every stream. Left out."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        template = record.msg if isinstance(record.msg, str) else ""
+        return not (record.levelno == logging.DEBUG and template.startswith(("< ", "> ")))
+
+
 def quiet_client_errors() -> None:
-    """Install :class:`ClientErrorLogFilter` on uvicorn's error log (once)."""
+    """Install :class:`ClientErrorLogFilter` and :class:`WebSocketTraceFilter` on uvicorn's error log (once)."""
     logger = logging.getLogger("uvicorn.error")
-    if not any(isinstance(f, ClientErrorLogFilter) for f in logger.filters):
-        logger.addFilter(ClientErrorLogFilter())
+    for kind in (ClientErrorLogFilter, WebSocketTraceFilter):
+        if not any(isinstance(f, kind) for f in logger.filters):
+            logger.addFilter(kind())
 
 
 # connections uvicorn takes beyond limit_concurrency, for /healthz, /readyz and /metrics: with uvicorn's limit

@@ -233,9 +233,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    # the WebSocket library's debug lines hold every frame and the handshake's headers: API keys (in the start
-    # message, in Authorization) were written to the log with --log-level debug
-    logging.getLogger("websockets").setLevel(max(logging.INFO, logging.getLogger().level))
     log = logging.getLogger("server")
     if config.api_key is None:
         exposed = args.host not in ("127.0.0.1", "localhost", "::1")

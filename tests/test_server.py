@@ -1410,6 +1410,36 @@ def test_a_server_without_streams_says_so_for_good(checkpoint: Path) -> None:
         assert ws.close_code == 1008
 
 
+def test_debug_logging_keeps_api_keys_and_frames_out_of_the_log(checkpoint: Path) -> None:
+    """--log-level debug wrote the WebSocket library's lines: every frame (the start message with its api_key)
+    and the handshake's headers (Authorization: Bearer ...)."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    config = ServerConfig(checkpoints=(str(checkpoint),), threads=1, api_key="s3cret-key")
+    with run_server(config) as srv:
+        logger = logging.getLogger("uvicorn.error")
+        level = logger.level
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(handler)
+        try:
+            headers = {"Authorization": "Bearer s3cret-key"}
+            with connect(f"{srv.ws_url}/v1/stream", open_timeout=30, additional_headers=headers) as ws:
+                _start(ws, api_key="s3cret-key")
+                ws.send(bytes(640))
+                ws.send(json.dumps({"type": "end"}))
+                while isinstance(ws.recv(timeout=30), bytes):
+                    pass
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+    text = "\n".join(r.getMessage() for r in records)
+    assert records and "s3cret-key" not in text, text  # debug lines came, without the key
+    assert not any(r.getMessage().startswith(("< ", "> ")) for r in records), text
+
+
 def test_an_unexpected_error_is_a_500_in_the_error_shape_without_its_text(checkpoint: Path, caplog) -> None:
     """A fault inside the model (here its step raises, with a server path in the text) is answered 500
     internal_error in the shape of every other error, without the exception's text, which goes to the log; the
