@@ -15,6 +15,7 @@ import argparse
 import logging
 import math
 import os
+import signal
 import sys
 import urllib.parse
 
@@ -244,6 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         log.info("API key required on /v1/* (from %s)", args.api_key_env)
+    # SIGHUP (the terminal or ssh session went away) killed the process at once, requests included: it shuts
+    # down as SIGTERM does (under nohup it stays ignored)
+    hangup = getattr(signal, "SIGHUP", None)
+    if hangup is not None and signal.getsignal(hangup) is signal.SIG_DFL:
+        signal.signal(hangup, lambda signum, frame: os.kill(os.getpid(), signal.SIGTERM))
     uvicorn.run(
         create_app(config),
         host=args.host,

@@ -1996,7 +1996,13 @@ def test_enhance_server_command(checkpoint: Path, tmp_path: Path) -> None:
     sock.close()
     env = {**os.environ, "ENHANCE_API_KEY": "k", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "server.main", "--port", str(port), "--checkpoint", f"mine={checkpoint}"]
-    proc = subprocess.Popen([*cmd, "--threads", "1", "--log-level", "warning"], cwd=ROOT, env=env)
+    proc = subprocess.Popen(
+        [*cmd, "--threads", "1", "--log-level", "warning"],
+        cwd=ROOT,
+        env=env,
+        # as from a terminal: under nohup (CI's background runs) SIGHUP is inherited ignored, and stays so
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 60
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
@@ -2012,7 +2018,9 @@ def test_enhance_server_command(checkpoint: Path, tmp_path: Path) -> None:
             models = c.get("/v1/models", headers={"X-API-Key": "k"}).json()["models"]
             assert [m["name"] for m in models] == ["mine"]
     finally:
-        proc.terminate()  # uvicorn shuts down gracefully, then re-raises SIGTERM
+        # SIGHUP (a closed terminal) shuts down as SIGTERM does: uvicorn shuts down gracefully, then re-raises
+        # SIGTERM (SIGHUP itself killed the process at once, requests included)
+        proc.send_signal(signal.SIGHUP)
         assert proc.wait(timeout=20) in (0, -signal.SIGTERM)
 
 
