@@ -270,8 +270,7 @@ def mpeg_stream(data: bytes) -> bool | None:
     return second is not None and second[1] == fields
 
 
-# the first bytes of the containers libsndfile reads (W64 starts "riff"); MP3 is _looks_like_mp3's
-# the first four bytes of the containers libsndfile reads, and what to call them in a message
+# the first four bytes of the containers libsndfile reads, and what to call them in a message (MP3: encoded_kind)
 CONTAINER_MAGIC = {
     b"RIFF": "WAV",
     b"RIFX": "WAV (big-endian)",

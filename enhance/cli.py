@@ -458,14 +458,13 @@ def _run_all(
 def _stopped_result(src: str, dst: str, map_path: str | None, started: float) -> FileResult:
     """The result of the input a stop signal came during: its output may already be in place (the signal came
     while its competition map was drawn, or its line printed), then it counts as done, or as missing its map."""
-    written = (
-        dst != "-" and os.path.isfile(dst) and os.stat(dst).st_mtime >= started - 0.05
-    )  # (coarse clocks)
-    if not written:
+
+    def fresh(path: str) -> bool:  # written since the input was started (coarse file clocks: 50 ms slack)
+        return os.path.isfile(path) and os.stat(path).st_mtime >= started - 0.05
+
+    if dst == "-" or not fresh(dst):
         return FileResult(src, None, False, error=f"{src}: stopped before it was finished")
-    if map_path is not None and not (
-        os.path.isfile(map_path) and os.stat(map_path).st_mtime >= started - 0.05
-    ):
+    if map_path is not None and not fresh(map_path):
         return FileResult(
             src, dst, False, error=f"{src}: stopped after its audio was written, before its map"
         )

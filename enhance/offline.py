@@ -54,7 +54,6 @@ def enhance_audio(
     """Enhance ``[channels, samples]`` float audio at any rate: resampled to 16 kHz and back, at the input's
     exact length. ``high_band``: above 16 kHz, keep the input's band above 8 kHz, gated by the model's gain near
     8 kHz (:mod:`enhance.high_band`); False: the output holds the 16 kHz model's band only."""
-    expect_enhancer(model)
     wav = np.asarray(wav)
     check_audio(wav)
     sample_rate = whole_rate(sample_rate)

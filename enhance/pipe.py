@@ -95,10 +95,9 @@ def stream_pcm(
         if not more:
             break
         head += more
+    # named: its first bytes, shown as text, were mojibake for an MP3 ("\ufffd\ufffd\ufffdd")
     kind = encoded_kind(head)
-    if (
-        kind is not None
-    ):  # named: its first bytes, shown as text, were mojibake for an MP3 ("\ufffd\ufffd\ufffdd")
+    if kind is not None:
         raise AudioError(
             f"<stdin>: starts like an encoded audio file ({kind}), but --stream - -o - reads raw PCM: "
             "leave out --stream to enhance an encoded file from stdin"

@@ -56,17 +56,14 @@ def expand_inputs(
 
 def _scan(root: Path, out_dir: Path | None = None) -> list[Path]:
     """The audio files under ``root``, sorted; hidden folders are not entered. A link to a folder is followed
-    when that folder is not part of the tree already (its files keep their own names; a link to a folder above
-    is no loop), not already reached by another link, and not the output folder ``out_dir`` or in it (earlier
-    outputs are no inputs). A link whose target is gone is kept, to fail with its reason. rglob entered no
-    linked folder and dropped a dangling link, both without a word."""
-    own = set()  # the real paths of the tree's own folders
-    for folder, dirs, _ in os.walk(root):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        own.add(os.path.realpath(folder))
+    unless that folder was walked already (a link to a folder above is no loop) or is the output folder
+    ``out_dir`` or in it (earlier outputs are no inputs); a file reached both ways keeps its own name. A link
+    whose target is gone is kept, to fail with its reason. rglob entered no linked folder and dropped a dangling
+    link, both without a word."""
     found: list[Path] = []
-    seen = set(own)
+    seen: set[str] = set()  # the real paths of the folders walked, or about to be through a link
     for folder, dirs, names in os.walk(root, followlinks=True):
+        seen.add(os.path.realpath(folder))
         kept = []
         for d in sorted(dirs):
             path = os.path.join(folder, d)

@@ -121,9 +121,14 @@ def negotiate_analyze_format(query_format: str | None, accept: str | None) -> st
     return min(ranked)[3]
 
 
+def frame_bytes(channels: int, fmt: str) -> int:
+    """Bytes per sample frame (one sample of every channel) of interleaved PCM in ``fmt``."""
+    return PCM_FORMATS[fmt] * channels
+
+
 def decode_pcm(data: bytes, channels: int, fmt: str) -> np.ndarray:
     """Interleaved little-endian PCM -> float32 ``[channels, n]``. Raises ValueError for a bad frame size."""
-    width = PCM_FORMATS[fmt] * channels
+    width = frame_bytes(channels, fmt)
     if len(data) % width:
         raise ValueError(
             f"frame of {len(data)} bytes is not a whole number of {channels}-channel {fmt} samples "

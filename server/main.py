@@ -50,11 +50,8 @@ def cors_origin(text: str) -> str:
     if text == "*":
         return text
     parts = urllib.parse.urlsplit(text.strip())
-    if parts.scheme.lower() not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
-        raise argparse.ArgumentTypeError(
-            f"expected scheme://host[:port] (an origin, no path) or '*', got {text!r}"
-        )
-    if parts.query or parts.fragment or "@" in parts.netloc:
+    scheme_and_host = parts.scheme.lower() in ("http", "https") and parts.netloc and "@" not in parts.netloc
+    if not scheme_and_host or parts.path not in ("", "/") or parts.query or parts.fragment:
         raise argparse.ArgumentTypeError(
             f"expected scheme://host[:port] (an origin, no path) or '*', got {text!r}"
         )
@@ -255,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         host=args.host,
         port=args.port,
         log_level=args.log_level,
-        limit_concurrency=args.limit_concurrency
-        + PROBE_ROOM,  # the app's own limit leaves the rest to probes
+        # the app's own limit (config.limit_concurrency) leaves these PROBE_ROOM connections to the probes
+        limit_concurrency=args.limit_concurrency + PROBE_ROOM,
         timeout_graceful_shutdown=math.ceil(args.graceful_timeout),
         proxy_headers=False,
         **UVICORN_WS,

@@ -50,7 +50,7 @@ from enhance.audio_io import MODEL_RATE, sample_value_error
 from enhance.rate_bridge import RateBridge, resampling_ms
 from enhance.streaming import StreamingEnhancer
 from enhance.threads import inherit_threads
-from server.audio import PCM_FORMATS, decode_pcm, encode_pcm
+from server.audio import decode_pcm, encode_pcm, frame_bytes
 from server.auth import key_from_headers, key_matches
 from server.errors import ApiError
 from server.inbox import Inbox
@@ -165,14 +165,21 @@ class Work:
         return 0.0 if self.running else time.monotonic() - self.last_done
 
 
-async def _receive_or_idle(ws: WebSocket, timeout: float, work: Work, deadline: float = math.inf) -> Message:
+async def _receive_or_idle(
+    ws: WebSocket, timeout: float, work: Work, opened: float = 0.0, open_s: float = math.inf
+) -> Message:
     """The client's next message; ``idle_timeout`` once neither side did anything for ``timeout`` s, and
-    ``stream_too_long`` at ``deadline`` (monotonic time; its message is the caller's)."""
-    waited_from = time.monotonic()
+    ``stream_too_long`` once ``open_s`` s have passed since ``opened`` (monotonic time)."""
+    waited_from, deadline = time.monotonic(), opened + open_s
     while True:
         now = time.monotonic()
         if now >= deadline:
-            raise StreamError("stream_too_long", "open too long", POLICY)
+            raise StreamError(
+                "stream_too_long",
+                f"stream open for {open_s:g} s (a stream may stay open for --max-stream-seconds plus "
+                "--stream-idle-timeout, whatever audio it sent)",
+                POLICY,
+            )
         left = min(timeout - min(now - waited_from, work.idle_s()), deadline - now)
         try:
             return await _receive(ws, max(left, 0.001))
@@ -359,18 +366,11 @@ async def _read_into(
     """Receive messages into ``inbox`` (bounded: a client far ahead of the model is throttled by TCP) for at most
     ``open_s`` seconds of wall-clock time: the audio limit alone let a client that sends a few bytes now and then
     (within the idle timeout) hold a stream slot for good, and with them every slot."""
-    deadline = time.monotonic() + open_s
+    opened = time.monotonic()
     while True:
         try:
-            msg = await _receive_or_idle(ws, idle_s, work, deadline)
+            msg = await _receive_or_idle(ws, idle_s, work, opened, open_s)
         except StreamError as err:
-            if err.code == "stream_too_long":
-                err = StreamError(
-                    err.code,
-                    f"stream open for {open_s:g} s (a stream may stay open for --max-stream-seconds plus "
-                    "--stream-idle-timeout, whatever audio it sent)",
-                    err.close_code,
-                )
             await inbox.put(err)
             return
         await inbox.put(msg)
@@ -392,11 +392,6 @@ def _kind(msg: Message) -> str | None:
         return None
 
 
-def _frame_width(start: StreamStart) -> int:
-    """Bytes per sample frame: one sample of every channel."""
-    return PCM_FORMATS[start.format] * start.channels
-
-
 def _whole_frames(carry: bytes, data: bytes, width: int) -> tuple[bytes, bytes]:
     """``carry + data`` split into its whole sample frames and the bytes of an incomplete last one, which wait for
     the next message: binary messages may be of any length (a client relaying a pipe or socket cuts its reads
@@ -408,10 +403,8 @@ def _whole_frames(carry: bytes, data: bytes, width: int) -> tuple[bytes, bytes]:
 
 
 def _decode(data: bytes, start: StreamStart) -> np.ndarray:
-    try:
-        x = decode_pcm(data, start.channels, start.format)
-    except ValueError as exc:
-        raise StreamError("bad_frame", str(exc), UNSUPPORTED_DATA) from None
+    """Whole sample frames (:func:`_whole_frames`) -> float32 ``[channels, n]``, refused with why when not audio."""
+    x = decode_pcm(data, start.channels, start.format)
     if start.format == "s16le":  # always finite and within ±1
         return x
     problem = sample_value_error(x)  # one pass when the frame is fine
@@ -469,7 +462,7 @@ async def _process(
     start = session.start
     max_batch = int(MAX_BATCH_S * start.sample_rate)
     width, carry = (
-        _frame_width(start),
+        frame_bytes(start.channels, start.format),
         b"",
     )  # carry: an incomplete sample frame, completed by the next message
     held: Message | StreamError | None = None

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import logging
 import os
 import re
 import signal
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from email.message import Message
 from email.parser import BytesParser
@@ -1308,17 +1309,29 @@ def test_a_stream_held_back_behind_the_model_outlives_unanswered_keepalive_pings
         assert last is None and code == 1011 and got < n_frames * 16000 * 2, (last, code, got)
 
 
-def test_a_text_message_that_is_not_utf8_is_refused_with_one_log_line(server: RunningServer) -> None:
-    """uvicorn answers it 1007 and logged an ERROR with a traceback, which any client could repeat to fill the log:
-    now one WARNING line without the traceback."""
-    import logging
-
+@contextlib.contextmanager
+def _uvicorn_log(level: int | None = None) -> Iterator[list[logging.LogRecord]]:
+    """The records uvicorn's error log hands its handlers while the block runs (at ``level``, if given), after
+    the app's filters (server.config.quiet_client_errors)."""
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
     logger = logging.getLogger("uvicorn.error")
+    before = logger.level
+    if level is not None:
+        logger.setLevel(level)
     logger.addHandler(handler)
     try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(before)
+
+
+def test_a_text_message_that_is_not_utf8_is_refused_with_one_log_line(server: RunningServer) -> None:
+    """uvicorn answers it 1007 and logged an ERROR with a traceback, which any client could repeat to fill the log:
+    now one WARNING line without the traceback."""
+    with _uvicorn_log() as records:
         for before_start in (True, False):
             with connect(f"{server.ws_url}/v1/stream", open_timeout=30) as ws:
                 if not before_start:
@@ -1328,8 +1341,6 @@ def test_a_text_message_that_is_not_utf8_is_refused_with_one_log_line(server: Ru
                     while True:
                         ws.recv(timeout=10)
                 assert ws.close_code == 1007
-    finally:
-        logger.removeHandler(handler)
     utf8 = [r for r in records if "Invalid UTF-8" in r.getMessage()]
     assert len(utf8) == 2 and all(r.levelno == logging.WARNING and not r.exc_info for r in utf8), utf8
     assert httpx.get(f"{server.url}/healthz").status_code == 200
@@ -1413,28 +1424,15 @@ def test_a_server_without_streams_says_so_for_good(checkpoint: Path) -> None:
 def test_debug_logging_keeps_api_keys_and_frames_out_of_the_log(checkpoint: Path) -> None:
     """--log-level debug wrote the WebSocket library's lines: every frame (the start message with its api_key)
     and the handshake's headers (Authorization: Bearer ...)."""
-    import logging
-
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
     config = ServerConfig(checkpoints=(str(checkpoint),), threads=1, api_key="s3cret-key")
-    with run_server(config) as srv:
-        logger = logging.getLogger("uvicorn.error")
-        level = logger.level
-        logger.setLevel(logging.DEBUG)
-        logger.addHandler(handler)
-        try:
-            headers = {"Authorization": "Bearer s3cret-key"}
-            with connect(f"{srv.ws_url}/v1/stream", open_timeout=30, additional_headers=headers) as ws:
-                _start(ws, api_key="s3cret-key")
-                ws.send(bytes(640))
-                ws.send(json.dumps({"type": "end"}))
-                while isinstance(ws.recv(timeout=30), bytes):
-                    pass
-        finally:
-            logger.removeHandler(handler)
-            logger.setLevel(level)
+    with run_server(config) as srv, _uvicorn_log(logging.DEBUG) as records:
+        headers = {"Authorization": "Bearer s3cret-key"}
+        with connect(f"{srv.ws_url}/v1/stream", open_timeout=30, additional_headers=headers) as ws:
+            _start(ws, api_key="s3cret-key")
+            ws.send(bytes(640))
+            ws.send(json.dumps({"type": "end"}))
+            while isinstance(ws.recv(timeout=30), bytes):
+                pass
     text = "\n".join(r.getMessage() for r in records)
     assert records and "s3cret-key" not in text, text  # debug lines came, without the key
     assert not any(r.getMessage().startswith(("< ", "> ")) for r in records), text
