@@ -165,8 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=64,
         help="HTTP requests and WebSocket streams at once before 503 busy (streams: close 1013); /healthz, /readyz "
         f"and /metrics pass beyond it (uvicorn itself takes {PROBE_ROOM} more connections, idle ones included, for "
-        "them); bounds the memory that uploads being read can hold (each up to 2x --max-upload-mb while a raw body "
-        "is read, 3x while a multipart one is parsed: a review measured 92 and 135 MiB for 45-MiB uploads)",
+        "them); bounds the memory that uploads being read can hold (each about 2.2x its size while a raw body is "
+        "read, 3.2x while a multipart one is parsed: bench/results/upload-memory/probe.txt)",
     )
     p.add_argument(
         "--graceful-timeout",
