@@ -33,6 +33,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -100,7 +101,13 @@ def launch_server(flags: list[str], env: dict[str, str] | None = None) -> tuple[
     the process and its URL. Raises RuntimeError when it exits or is not ready in 180 s."""
     port = free_port()
     cmd = [sys.executable, "-m", "server.main", "--port", str(port), "--log-level", "warning", *flags]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "ENHANCE_API_KEY": "", **(env or {})})
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, "ENHANCE_API_KEY": "", **(env or {})},
+        # Ctrl-C stops it as from a terminal (a background job's child inherits SIGINT ignored)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     with httpx.Client(base_url=url, timeout=5) as c:

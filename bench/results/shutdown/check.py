@@ -8,42 +8,21 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-PORT = 18656
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/
+
+from bench_server import launch_server
 
 
 def stop_with(sig: signal.Signals) -> str:
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "server.main",
-            "--port",
-            str(PORT),
-            "--threads",
-            "1",
-            "--log-level",
-            "warning",
-        ],
-        stderr=subprocess.DEVNULL,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal
-    )
-    for _ in range(600):
-        try:
-            if httpx.get(f"http://127.0.0.1:{PORT}/readyz", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    with connect(f"ws://127.0.0.1:{PORT}/v1/stream") as ws:
+    server, url = launch_server(["--threads", "1"])
+    with connect(url.replace("http", "ws", 1) + "/v1/stream") as ws:
         ws.send(json.dumps({}))
         ws.recv(timeout=20)
         ws.send(bytes(32000))  # 1 s of s16le at 16 kHz

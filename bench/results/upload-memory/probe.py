@@ -2,21 +2,21 @@
 
     python bench/results/upload-memory/probe.py [MiB]   # default 45; writes probe.txt beside this file
 
-Starts enhance-server (one thread, port 18655), warms it with a small request, and reads the process' peak
+Starts enhance-server (one thread; bench_server.launch_server), warms it with a small request, and reads the process' peak
 resident memory (VmHWM) before and after each upload. A fresh server per kind, so each peak is that upload's.
 """
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 HERE = Path(__file__).resolve().parent
-PORT = 18655
+sys.path.insert(0, str(HERE.parents[1]))  # bench/
+
+from bench_server import launch_server  # noqa: E402
 
 
 def hwm_mib(pid: int) -> float:
@@ -27,20 +27,8 @@ def hwm_mib(pid: int) -> float:
 
 
 def run(kind: str, mib: int) -> tuple[float, float, int]:
-    server = subprocess.Popen(
-        [sys.executable, "-m", "server.main", "--port", str(PORT), "--threads", "1", "--max-upload-mb", "60"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server, url = launch_server(["--threads", "1", "--max-upload-mb", "60"])
     try:
-        url = f"http://127.0.0.1:{PORT}"
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
         httpx.post(
             f"{url}/v1/enhance", content=b"x" * 1000, headers={"Content-Type": "audio/wav"}, timeout=60
         )
