@@ -132,6 +132,10 @@ def test_upload_enhance_and_draw(tmp_path: Path) -> None:
         page.goto(srv.url + "/")
         page.wait_for_function(MODELS_LISTED, timeout=20000)
         assert page.locator("#model-select").input_value() == "tiny"
+        # before any file, the empty players are not shown (each was two unlabelled tab stops)
+        assert (
+            not page.locator("#noisy-audio").is_visible() and not page.locator("#enhanced-audio").is_visible()
+        )
         page.wait_for_load_state("networkidle")
         assert not b.bad_responses, b.bad_responses
         for icon in (
@@ -186,6 +190,14 @@ def test_upload_enhance_and_draw(tmp_path: Path) -> None:
         silent.write_bytes(wav_bytes(np.zeros((16000, 1), np.float32), 16000))
         assert b.upload(silent) == "done", b.status()
         assert "Warning: silent.wav: all samples are zero (digital silence)." in b.status(), b.status()
+        # drawn black: relative to its own peak (the floor) the zeros were all drawn brightest
+        for canvas in ("noisy-spectrogram",):
+            centre = page.evaluate(
+                """(id) => { const c = document.getElementById(id);
+                    return Array.from(c.getContext('2d').getImageData(c.width * 0.6, c.height * 0.4, 1, 1).data); }""",
+                canvas,
+            )
+            assert sum(centre[:3]) < 30, (canvas, centre)
         assert b.posts_to("v1/analyze") == 4
         # a readable file that cannot be enhanced: the server's error, and the page does not re-encode and post it
         nan = tmp_path / "nan.wav"
@@ -435,6 +447,22 @@ def test_record_twice_quickly_then_stop_leaves_no_microphone_on(tmp_path: Path) 
         assert not b.errors, b.errors
 
 
+def test_record_without_a_microphone_keeps_the_focus_on_record(tmp_path: Path) -> None:
+    """Record is disabled while the browser asks for the microphone; when there is none, the error named it but
+    the focus, on the disabled button, fell to the page: the next Tab went to the Model menu."""
+    ck = tiny_checkpoint(tmp_path / "tiny.safetensors")
+    with run_server(ServerConfig(checkpoints=(str(ck),), threads=1)) as srv, browser_on(srv) as b:
+        page = b.page
+        page.goto(srv.url + "/")
+        page.wait_for_function(MODELS_LISTED, timeout=20000)
+        page.focus("#record-btn")
+        page.keyboard.press("Space")
+        page.wait_for_function("document.body.dataset.state === 'error'", timeout=20000)
+        assert b.status().startswith("Microphone: "), b.status()
+        assert not page.evaluate("document.getElementById('record-btn').disabled")
+        assert page.evaluate("document.activeElement.id") == "record-btn"
+
+
 def test_competition_maps_are_drawn_at_the_screens_width(tmp_path: Path) -> None:
     """On a phone-wide screen the fixed 1200-pixel drawing was shrunk to about 311 pixels: 3-pixel labels, 5-pixel
     rows. Now the canvas is drawn at its width on screen and the screen's pixel density."""
@@ -468,6 +496,16 @@ def test_competition_maps_are_drawn_at_the_screens_width(tmp_path: Path) -> None
         )
         assert top[0] > 200 and top[1] > 200 and top[2] < 100, top  # (253, 231, 37)
         assert below[0] < 100 and below[1] < 50 and below[2] > 60, below  # (68, 1, 84)
+
+        # a wider window: the spectrograms are drawn again at their new width, as the maps are (they were only
+        # stretched, their axis labels with them)
+        page.set_viewport_size({"width": 1000, "height": 1100})
+        page.wait_for_function(
+            "(() => { const c = document.getElementById('noisy-spectrogram');"
+            " return c.width === Math.round(c.clientWidth * 2) && c.clientWidth > 375; })()",
+            timeout=5000,
+        )
+        assert page.evaluate(NON_BLANK, "noisy-spectrogram") > 0.2
 
 
 def test_recording_outside_a_secure_context_says_why_it_cannot(tmp_path: Path) -> None:

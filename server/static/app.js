@@ -5,6 +5,7 @@
 
 const $ = (id) => document.getElementById(id);
 const SPEC_RATE = 16000, FFT_SIZE = 512, HOP = 256, MAX_COLUMNS = 2400;
+const FLOOR_DB = -100;  // the dB of a bin of zeros (the power's guard)
 // what the browser converts to WAV at, for files the server cannot read and for recordings: the model runs at
 // 16 kHz, so a higher rate gains nothing (the output is band-limited to 8 kHz), and 48 kHz made the WAV 3x larger
 const CONVERT_RATE = 16000;
@@ -37,7 +38,9 @@ async function errorText(resp) {
     const body = await resp.json();
     if (body && body.error) return `${body.error.message}${hint} (${resp.status} ${body.error.code})`;
   } catch (_) { /* not JSON */ }
-  return `${resp.status} ${resp.statusText}${hint}`;
+  // every error of the service is JSON: a bare 5xx comes from the server stopping mid-request, or a proxy
+  const stopped = resp.status >= 500 ? " (the server stopped or failed during the request; try again)" : "";
+  return `${resp.status} ${resp.statusText}${hint}${stopped}`;
 }
 
 // what an exception means to the user: fetch rejects with a TypeError ("Failed to fetch") when no answer came
@@ -135,7 +138,7 @@ function spectrogram(samples) {  // -> {frames, bins, db: Float32Array [frames *
   for (let t = 0; t < frames; t++) {
     for (let i = 0; i < FFT_SIZE; i++) { re[i] = (samples[t * hop + i] || 0) * win[i]; im[i] = 0; }
     fft(re, im);
-    for (let k = 0; k < bins; k++) db[t * bins + k] = 10 * Math.log10(re[k] * re[k] + im[k] * im[k] + 1e-10);
+    for (let k = 0; k < bins; k++) db[t * bins + k] = 10 * Math.log10(re[k] * re[k] + im[k] * im[k] + 10 ** (FLOOR_DB / 10));
   }
   return { frames, bins, db };
 }
@@ -210,15 +213,23 @@ function paintSpectrogram(canvas, spec, top, duration) {
 // Both on one dB scale (the noisy input's peak = top of the colour map), so they can be compared. Each is drawn
 // if this browser decodes it (the server reads AIFF and AU, Chromium does not); returns a note for the status
 // naming what could not be drawn ("" when both were).
+let lastSpectra = null;  // kept to redraw at a new width (they were shrunk, axis labels and all)
+function paintSpectra() {
+  const { a, b, top, seconds } = lastSpectra;
+  if (a) paintSpectrogram($("noisy-spectrogram"), a, top, seconds[0]);
+  if (b) paintSpectrogram($("enhanced-spectrogram"), b, top, seconds[1]);
+}
 async function drawSpectrograms(noisyBlob, enhancedBlob, isCurrent) {
   const decoded = await Promise.allSettled([decode(noisyBlob, SPEC_RATE), decode(enhancedBlob, SPEC_RATE)]);
   if (!isCurrent()) return "";
   const [a, b] = decoded.map((d) => (d.status === "fulfilled" ? spectrogram(d.value.getChannelData(0)) : null));
-  let top = -Infinity;
+  // the top is at least 80 dB over the floor of a bin of zeros: a silent input's own peak is that floor, and
+  // relative to it everything (its zeros, the output's least sample) was drawn brightest
+  let top = FLOOR_DB + 80;
   for (const v of (a || b || { db: [] }).db) top = Math.max(top, v);
   const seconds = decoded.map((d) => (d.status === "fulfilled" ? d.value.duration : 0));
-  if (a) paintSpectrogram($("noisy-spectrogram"), a, top, seconds[0]);
-  if (b) paintSpectrogram($("enhanced-spectrogram"), b, top, seconds[1]);
+  lastSpectra = { a, b, top, seconds };
+  paintSpectra();
   const missing = [a ? "" : "input", b ? "" : "output"].filter(Boolean);
   return missing.length ? ` This browser cannot decode the ${missing.join(" or ")}: no spectrogram (nor playback) of it.` : "";
 }
@@ -274,9 +285,10 @@ function drawCompetition(canvas, analysis) {
 }
 let drawnWidth = window.innerWidth;
 window.addEventListener("resize", () => {
-  if (!lastAnalysis || window.innerWidth === drawnWidth) return;
+  if (window.innerWidth === drawnWidth) return;
   drawnWidth = window.innerWidth;
-  drawCompetition($("competition-canvas"), lastAnalysis);
+  if (lastAnalysis) drawCompetition($("competition-canvas"), lastAnalysis);
+  if (lastSpectra) paintSpectra();
 });
 
 function escapeHtml(s) {
@@ -292,7 +304,7 @@ function showSummary(a) {
   $("analysis-summary").innerHTML =
     `<p>Model <b>${escapeHtml(a.model)}</b>, ${a.duration_s.toFixed(2)} s at ${a.sample_rate} Hz, ${a.channels} channel(s); ` +
     `input ${level(a.input_rms_dbfs)}, output ${level(a.output_rms_dbfs)}.</p>` +
-    (rows ? `<table><tr><th>block</th><th>mean entropy, nats (of at most ln ${a.n_mechanisms}: no preference)</th>` +
+    (rows ? `<table><caption>Competition per TIM block</caption><tr><th>block</th><th>mean entropy, nats (of at most ln ${a.n_mechanisms}: no preference)</th>` +
       `<th>frames won by ${names}</th></tr>${rows}</table>` : "");
 }
 
@@ -311,6 +323,7 @@ function clearResults() {
   }
   $("analysis-summary").innerHTML = "";
   lastAnalysis = null;
+  lastSpectra = null;
 }
 
 async function run(blob, name) {
@@ -461,6 +474,7 @@ async function startRecording() {
     setState("working", "Recording… press Stop when done.");
   } catch (err) {
     $("record-btn").disabled = false;
+    $("record-btn").focus();  // it was disabled while focused: keyboard users fell back to the page's start
     setState("error", `Microphone: ${err.message}`);
   }
 }
