@@ -64,7 +64,8 @@ import torch
 from machine import cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
 from tqdm import tqdm
 
-from enhance.audio_io import atomic_path, load_mono_16k
+from enhance.atomic_files import atomic_path
+from enhance.audio_io import load_mono_16k
 from enhance.errors import EnhanceError
 from models import CheckpointError
 from recipes.evaluate import summarize, write_csv

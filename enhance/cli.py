@@ -36,6 +36,7 @@ import soundfile as sf
 import torch
 
 from enhance.arguments import number, package_version
+from enhance.atomic_files import nearest_existing
 from enhance.audio_io import (
     AUDIO_SUFFIXES,
     MAX_CHANNELS,
@@ -44,7 +45,6 @@ from enhance.audio_io import (
     AudioError,
     fs_path,
     missing,
-    nearest_existing,
     output_format,
     read_piped,
     refused_container,
@@ -52,6 +52,7 @@ from enhance.audio_io import (
 from enhance.backends import BACKENDS, REDUCED_PRECISION, streaming_backend
 from enhance.device import inference_device
 from enhance.files import FileResult, enhance_bytes, enhance_file, new_output
+from enhance.pcm import PCM_FORMATS
 from enhance.pipe import stream_pcm
 from enhance.stop_signals import PendingStop, interrupted, quiet_stops, terminated
 from enhance.targets import (
@@ -201,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
         "may differ by one step), but for "
         f"{REDUCED_PRECISION} (medians over the dev pairs)",
     )
-    s.add_argument("--pcm", choices=["s16le", "f32le"], help="raw pipe sample format (default s16le)")
+    s.add_argument("--pcm", choices=list(PCM_FORMATS), help="raw pipe sample format (default s16le)")
     s.add_argument(
         "--rate",
         type=_ranged(MIN_RATE, MAX_STREAM_RATE),

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from enhance.audio_io import atomic_path
+from enhance.atomic_files import atomic_path
 from models.checkpoint import Checkpoint
 
 

@@ -26,11 +26,11 @@ from typing import Any, BinaryIO
 import numpy as np
 import soundfile as sf
 
+from enhance.atomic_files import atomic_path, nearest_existing
 from enhance.audio_io import (
     MAX_FLOAT_SAMPLE,
     UNKNOWN_LENGTH,
     AudioError,
-    atomic_path,
     check_header,
     check_readable,
     codec_error,
@@ -38,7 +38,6 @@ from enhance.audio_io import (
     fs_path,
     header_frames,
     missing,
-    nearest_existing,
     open_audio,
     output_format,
     pcm_frames,

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from enhance.audio_io import atomic_path
+from enhance.atomic_files import atomic_path
 from enhance.fixed_step import FixedState, FixedStepper
 from models.enhancer import Enhancer, weights_digest
 from models.static_step import StaticStep, slot_axis

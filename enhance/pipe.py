@@ -22,17 +22,12 @@ from enhance.audio_io import (
     AudioError,
     encoded_kind,
     mpeg_stream,
-    pcm_frames,
     sample_value_error,
 )
+from enhance.pcm import decode_pcm, encode_pcm, frame_bytes
 from enhance.rate_bridge import RateBridge
 from enhance.streaming import StreamingEnhancer
 from models.enhancer import Enhancer
-
-PCM_FORMATS: dict[str, tuple[type[np.generic], float]] = {
-    "s16le": (np.int16, 32768.0),
-    "f32le": (np.float32, 1.0),
-}
 
 
 def stream_pcm(
@@ -51,8 +46,7 @@ def stream_pcm(
     """Enhance raw interleaved PCM from ``fin`` to ``fout`` until end of input; returns samples written.
     ``low_latency``: at rates other than 16 kHz, soxr's LQ resamplers, which hold back less audio than its HQ
     ones (the offline path's), as the WebSocket stream's ``"resampling": "low_latency"``."""
-    dtype, scale = PCM_FORMATS[pcm]
-    width = np.dtype(dtype).itemsize * channels
+    width = frame_bytes(channels, pcm)
     engine = StreamingEnhancer(model, channels, backend=backend)
     bridge = RateBridge(rate, channels, high_band=high_band, quality="LQ" if low_latency else "HQ")
     received = written = 0
@@ -60,14 +54,10 @@ def stream_pcm(
 
     def write(y16: np.ndarray, last: bool = False) -> None:
         nonlocal written
-        y = bridge.from_model(y16, last).T[: max(0, received - written)]
-        if dtype is np.int16:
-            out = pcm_frames(y, "RAW", "PCM_16")  # rounded as every 16-bit output is
-        else:
-            out = y.astype(np.float32)
-        fout.write(out.tobytes())
+        y = bridge.from_model(y16, last)[:, : max(0, received - written)]
+        fout.write(encode_pcm(y, pcm))
         fout.flush()
-        written += len(y)
+        written += y.shape[1]
 
     def finish() -> None:
         """The end of the stream: what the resampler and the engine still hold, then zeros up to the input's
@@ -76,7 +66,7 @@ def stream_pcm(
         write(engine.process(bridge.to_model(np.zeros((channels, 0), np.float32), last=True)))
         write(engine.flush(), last=True)
         if written < received:
-            fout.write(np.zeros((received - written) * channels, dtype).tobytes())
+            fout.write(bytes((received - written) * width))  # zeros in either format
             fout.flush()
             written = received
 
@@ -112,7 +102,7 @@ def stream_pcm(
         pending = data[n * width :]
         if n == 0:
             continue
-        x = np.frombuffer(data[: n * width], dtype).reshape(n, channels).astype(np.float32) / scale
+        x = decode_pcm(data[: n * width], channels, pcm).T
         problem = sample_value_error(x)
         if problem:  # the stream ends at the bad sample: the good ones before it still come out, in full
             good = x[: int(np.argmax(~(np.abs(x) <= MAX_FLOAT_SAMPLE).all(axis=1)))]

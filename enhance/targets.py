@@ -94,12 +94,6 @@ def _links_to(f: Path, root: Path) -> int:
     return sum((root / parent).is_symlink() for parent in f.relative_to(root).parents if parent != Path("."))
 
 
-def _hidden(relative: Path) -> bool:
-    """A file a folder scan leaves out, as a glob does: under a name starting with '.' (macOS's "._take.wav"
-    AppleDouble companions, which are not audio, a .git or .Trash folder)."""
-    return any(part.startswith(".") for part in relative.parts)
-
-
 def is_glob(item: str) -> bool:
     """A pattern for enhance-cli to expand (not a file that happens to have '*' in its name)."""
     return any(ch in item for ch in "*?[") and not os.path.exists(item)

@@ -21,7 +21,7 @@ import safetensors
 import safetensors.torch
 import torch
 
-from enhance.audio_io import atomic_path
+from enhance.atomic_files import atomic_path
 from models.config_io import from_dict, to_dict
 from models.enhancer import Enhancer, EnhancerConfig
 
@@ -36,9 +36,14 @@ class CheckpointError(Exception):
 class Checkpoint:
     model: Enhancer
     name: str
-    config: EnhancerConfig
     training: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def config(self) -> EnhancerConfig:
+        """The model's config as it is now: a second copy kept beside it went stale when the model's
+        attenuation limit was changed (``set_max_attenuation``)."""
+        return self.model.cfg
 
 
 def software_versions() -> dict[str, str]:
@@ -121,7 +126,7 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.devi
         raise CheckpointError(f"{path}: cannot read weights ({exc})") from None
     load_state_strict(model, tensors, str(path))
     model.eval()
-    return Checkpoint(model, meta["name"], cfg, meta["training"], meta["versions"])
+    return Checkpoint(model, meta["name"], meta["training"], meta["versions"])
 
 
 def load_state_strict(model: torch.nn.Module, tensors: dict[str, torch.Tensor], where: str) -> None:

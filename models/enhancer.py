@@ -22,12 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from enhance.stft import STFTConfig
 from models.attention import KVCache, MultiHeadAttention
 from models.encoder_layer import StandardLayer, StandardLayerConfig
 from models.mae import MAEConfig
 from models.pre_encoder import PreEncoder, PreEncoderConfig
 from models.sdu import SDUConfig
+from models.stft_config import STFTConfig
 from models.tim_layer import TIMLayer, TIMLayerConfig
 
 OUTPUT_MODES = ("direct", "residual")

@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from enhance.audio_io import AudioError, atomic_path, load_mono_16k
+from enhance.atomic_files import atomic_path
+from enhance.audio_io import AudioError, load_mono_16k
 from enhance.competition_map import entropy, save_competition_map
 from enhance.offline import enhance_waveform
 from enhance.stft import stft

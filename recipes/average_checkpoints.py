@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from enhance.audio_io import nearest_existing
+from enhance.atomic_files import nearest_existing
 from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from models.config_io import to_dict
 from models.enhancer import EnhancerConfig

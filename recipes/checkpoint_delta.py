@@ -25,7 +25,7 @@ import safetensors
 import safetensors.torch
 import torch
 
-from enhance.audio_io import atomic_path
+from enhance.atomic_files import atomic_path
 from models.checkpoint import file_sha256
 from recipes.interrupt import on_interrupt
 

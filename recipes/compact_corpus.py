@@ -20,7 +20,7 @@ from pathlib import Path
 
 import soundfile as sf
 
-from enhance.audio_io import atomic_path
+from enhance.atomic_files import atomic_path
 from recipes.audio_pool import list_audio
 from recipes.interrupt import on_interrupt
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from enhance.audio_io import atomic_path
+from enhance.atomic_files import atomic_path
 from models.registry import REGISTRY
 from recipes.datasets import DataConfig
 from recipes.evaluate import positive_int

@@ -22,7 +22,8 @@ import numpy as np
 import soundfile as sf
 import torch
 
-from enhance.audio_io import AudioError, atomic_path, fs_path, load_audio, load_mono_16k, resample
+from enhance.atomic_files import atomic_path
+from enhance.audio_io import AudioError, fs_path, load_audio, load_mono_16k, resample
 from recipes.audio_pool import SILENCE_PEAK, AudioPool, Skipped, content_fingerprint, list_audio, scan
 from recipes.mixing import MixingConfig, MixingDataset, mix
 from recipes.paired import PairedDataset

@@ -26,7 +26,7 @@ import numpy as np
 import soundfile as sf
 import torch
 
-from enhance.audio_io import atomic_path
+from enhance.atomic_files import atomic_path
 from enhance.offline import enhance_waveform
 from models.checkpoint import CheckpointError, file_sha256, load_checkpoint, save_checkpoint
 from models.enhancer import count_parameters

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from enhance.audio_io import atomic_path, nearest_existing
+from enhance.atomic_files import atomic_path, nearest_existing
 from models.checkpoint import software_versions
 
 LOCK_NAME = ".lock"

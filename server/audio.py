@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from enhance.audio_io import open_audio, pcm_frames, read_blocks
+from enhance.audio_io import open_audio, read_blocks
 from server.errors import ApiError
 
 # output format (query value) -> (libsndfile format, media type, file extension)
@@ -36,9 +36,6 @@ _ACCEPT_ALIASES = {
 
 # /v1/analyze's formats (query value) -> media type, in the order preferred on a tie
 ANALYZE_FORMATS = {"json": "application/json", "png": "image/png"}
-
-# raw PCM sample formats of WebSocket streams: bytes per sample
-PCM_FORMATS = {"s16le": 2, "f32le": 4}
 
 
 def accept_entries(accept: str) -> list[tuple[str, float]]:
@@ -119,35 +116,6 @@ def negotiate_analyze_format(query_format: str | None, accept: str | None) -> st
     if not ranked:
         raise not_acceptable(accept, ANALYZE_FORMATS.values())
     return min(ranked)[3]
-
-
-def frame_bytes(channels: int, fmt: str) -> int:
-    """Bytes per sample frame (one sample of every channel) of interleaved PCM in ``fmt``."""
-    return PCM_FORMATS[fmt] * channels
-
-
-def decode_pcm(data: bytes, channels: int, fmt: str) -> np.ndarray:
-    """Interleaved little-endian PCM -> float32 ``[channels, n]``. Raises ValueError for a bad frame size."""
-    width = frame_bytes(channels, fmt)
-    if len(data) % width:
-        raise ValueError(
-            f"frame of {len(data)} bytes is not a whole number of {channels}-channel {fmt} samples "
-            f"({width} bytes each)"
-        )
-    if fmt == "s16le":
-        x = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
-    else:
-        x = np.frombuffer(data, dtype="<f4").astype(np.float32)
-    return np.ascontiguousarray(x.reshape(-1, channels).T)
-
-
-def encode_pcm(wav: np.ndarray, fmt: str) -> bytes:
-    """float ``[channels, n]`` -> interleaved little-endian PCM (s16le is clipped to its range)."""
-    x = np.ascontiguousarray(wav.T)
-    if fmt == "s16le":
-        # rounded as every integer output is
-        return pcm_frames(x, "RAW", "PCM_16").astype("<i2", copy=False).tobytes()
-    return x.astype("<f4").tobytes()
 
 
 def file_rms_dbfs(data: bytes, block_frames: int = 1 << 16) -> float | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,10 +57,6 @@ class LoadedModel:
         cfg = self.checkpoint.config
         samples = cfg.stft.win_length + cfg.lookahead_frames * cfg.stft.hop_length
         return 1000.0 * samples / cfg.stft.sample_rate
-
-    @property
-    def max_entropy(self) -> float:
-        return math.log(self.n_mechanisms) if self.n_mechanisms > 1 else 0.0
 
 
 def _split_alias(spec: str) -> tuple[str | None, str]:

@@ -47,10 +47,10 @@ from pydantic import ValidationError
 from starlette.types import Message
 
 from enhance.audio_io import MODEL_RATE, sample_value_error
+from enhance.pcm import decode_pcm, encode_pcm, frame_bytes
 from enhance.rate_bridge import RateBridge, resampling_ms
 from enhance.streaming import StreamingEnhancer
 from enhance.threads import inherit_threads
-from server.audio import decode_pcm, encode_pcm, frame_bytes
 from server.auth import key_from_headers, key_matches
 from server.errors import ApiError
 from server.inbox import Inbox

@@ -47,6 +47,10 @@ def test_round_trip_gives_identical_outputs(tmp_path: Path) -> None:
     assert a.competition is not None and b.competition is not None
     assert all(torch.equal(p, q) for p, q in zip(a.competition, b.competition, strict=True))
     assert not [p for p in tmp_path.iterdir() if p.name != "m.safetensors"]  # no temp files left
+    # the config read from the checkpoint is the model's as it is now: a copy kept beside it stayed at the
+    # saved limit after set_max_attenuation (the CLI's --max-attenuation, the server's models listed)
+    ck.model.set_max_attenuation(3.0)
+    assert ck.config.max_attenuation_db == 3.0 and ck.config is ck.model.cfg
 
 
 def _forge(

@@ -270,7 +270,7 @@ def test_a_checkpoint_in_place_of_its_model_says_what_to_pass(tmp_path) -> None:
     from models import Checkpoint
 
     model = _model("tiny")
-    ckpt = Checkpoint(model=model, name="tiny", config=model.cfg)
+    ckpt = Checkpoint(model=model, name="tiny")
     for call in (
         lambda: StreamingEnhancer(ckpt),
         lambda: streaming_backend(ckpt),

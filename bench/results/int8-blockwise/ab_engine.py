@@ -26,7 +26,7 @@ from bench_chunk_sizes import fastest_alternating, rtf  # noqa: E402
 from bench_streaming import test_signal  # noqa: E402
 
 from enhance import onnx_graph  # noqa: E402
-from enhance.audio_io import atomic_path  # noqa: E402
+from enhance.atomic_files import atomic_path  # noqa: E402
 from enhance.onnx_backend import OnnxStepper, _read_origin, _write_origin, export_step  # noqa: E402
 from enhance.streaming import StreamingEnhancer  # noqa: E402
 from models.pretrained import load_pretrained  # noqa: E402
