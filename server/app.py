@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import time
@@ -170,8 +171,9 @@ class MetricsMiddleware:
 class ConcurrencyLimit:
     """At most ``limit`` HTTP requests and WebSocket connections at once, the probes and /metrics apart (they
     pass whatever the load, so a busy server still answers its liveness probe and its scrapes): beyond it 503
-    ``busy`` with Retry-After, or a WebSocket closed 1013 at the handshake (HTTP 403 to the client), counted
-    as rejections ``too_many_connections``."""
+    ``busy`` with Retry-After; a WebSocket is accepted, told ``busy`` with ``retry_after`` and closed 1013, as a
+    stream beyond ``--max-streams`` is (closed before the handshake it was an HTTP 403, which a client could not
+    tell from a refused origin). Counted as rejections ``too_many_connections``."""
 
     def __init__(self, app: ASGIApp, limit: int, retry_after_s: int, metrics: Metrics) -> None:
         self.app, self.limit, self.retry_after_s, self.metrics = app, limit, retry_after_s, metrics
@@ -183,12 +185,11 @@ class ConcurrencyLimit:
             return
         if self.active >= self.limit:
             self.metrics.rejections.inc(reason="too_many_connections")
+            message = f"the server is handling {self.limit} requests and streams at once; try again shortly"
             if scope["type"] == "websocket":
-                await send({"type": "websocket.close", "code": 1013})
+                await self._refuse_stream(receive, send, message)
                 return
-            body = error_body(
-                "busy", f"the server is handling {self.limit} requests and streams at once; try again shortly"
-            )
+            body = error_body("busy", message)
             response = JSONResponse(body, status_code=503, headers={"Retry-After": str(self.retry_after_s)})
             await response(scope, receive, send)
             return
@@ -197,6 +198,14 @@ class ConcurrencyLimit:
             await self.app(scope, receive, send)
         finally:
             self.active -= 1
+
+    async def _refuse_stream(self, receive: Receive, send: Send, message: str) -> None:
+        if (await receive())["type"] != "websocket.connect":
+            return  # the client went away first
+        await send({"type": "websocket.accept"})
+        text = {"type": "error", "code": "busy", "message": message, "error": message}
+        await send({"type": "websocket.send", "text": json.dumps(text | {"retry_after": self.retry_after_s})})
+        await send({"type": "websocket.close", "code": 1013, "reason": "busy"})
 
 
 class JSONCORSMiddleware(CORSMiddleware):

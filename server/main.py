@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--limit-concurrency",
         type=bounded(int, 1),
         default=64,
-        help="HTTP requests and WebSocket streams at once before 503 busy (streams: close 1013); /healthz, /readyz "
+        help="HTTP requests and WebSocket streams at once before 503 busy (streams: error busy, close 1013); /healthz, /readyz "
         f"and /metrics pass beyond it (uvicorn itself takes {PROBE_ROOM} more connections, idle ones included, for "
         "them); bounds the memory that uploads being read can hold (each about 2.2x its size while a raw body is "
         "read, 3.2x while a multipart one is parsed: bench/results/upload-memory/probe.txt)",

@@ -1386,7 +1386,7 @@ def test_a_stream_that_trickles_cannot_hold_its_slot_for_good(checkpoint: Path, 
 def test_the_connection_limit_leaves_room_for_probes_and_scrapes(checkpoint: Path) -> None:
     """uvicorn's --limit-concurrency counted the probes too: a server full of streams answered /healthz 503 (a
     liveness probe restarted it, every stream cut) and its scrapes, in plain text. The app's own limit leaves
-    /healthz, /readyz and /metrics out, and answers the others 503 busy in JSON (streams: close 1013)."""
+    /healthz, /readyz and /metrics out, and answers the others 503 busy in JSON (streams: error busy, close 1013)."""
     config = ServerConfig(checkpoints=(str(checkpoint),), threads=1, limit_concurrency=2)
     with run_server(config) as srv:
         url = f"{srv.ws_url}/v1/stream"
@@ -1399,10 +1399,15 @@ def test_the_connection_limit_leaves_room_for_probes_and_scrapes(checkpoint: Pat
                 busy = c.get("/v1/models")
                 assert _error(busy, 503, "busy")["message"].startswith("the server is handling 2 requests")
                 assert busy.headers["Retry-After"] == "2"
-            from websockets.exceptions import InvalidStatus
-
-            with pytest.raises(InvalidStatus):  # refused at the handshake
-                connect(url, open_timeout=30)
+            # told why and when to try again, as a stream beyond --max-streams is (it was a bare HTTP 403 at the
+            # handshake, the answer to a refused origin too)
+            with connect(url, open_timeout=30) as third:
+                err = json.loads(third.recv(timeout=30))
+                assert err["type"] == "error" and err["code"] == "busy" and err["retry_after"] == 2, err
+                assert err["message"].startswith("the server is handling 2 requests")
+                with pytest.raises(ConnectionClosed):
+                    third.recv(timeout=10)
+                assert third.close_code == 1013
         with srv.client() as c:  # the streams closed: room again
             assert c.get("/v1/models").status_code == 200
             text = c.get("/metrics").text
