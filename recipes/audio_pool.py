@@ -133,8 +133,17 @@ def scan(
     ``shown``: the name the log gives a path (VoiceBank's 16-kHz cache copies are logged as the corpus' files)."""
     pool = AudioPool([], [], sample_rate)
     min_frames = int(min_seconds * sample_rate)
+    first: dict[str, str] = {}  # real path -> the first path that named it
     for path in paths:
-        reason = _problem(path, sample_rate, min_frames, silence_peak)
+        real = os.path.realpath(path)
+        # a link to a file already listed was trained on twice, and could be held out for validation while the
+        # file it points to trained
+        reason = (
+            f"the same file as {first[real]} (through a link): used once"
+            if real in first and os.path.exists(path)
+            else _problem(path, sample_rate, min_frames, silence_peak)
+        )
+        first.setdefault(real, path)
         if reason is None:
             pool.paths.append(path)
             pool.frames.append(sf.info(fs_path(path)).frames)
@@ -142,6 +151,15 @@ def scan(
             pool.skipped.append(Skipped(path, reason))
             log.warning("skipping %s: %s", (shown or {}).get(path, path), reason)
     return pool
+
+
+def _without_path(message: str, path: str) -> str:
+    """libsndfile's first line without the path it repeats ("Error opening '/long/path/x.wav': File contains
+    data in an unknown format."): cut to 120 characters with the path in it, the reason itself was lost."""
+    line = message.splitlines()[0] if message else ""
+    for shown in (f"'{fs_path(path)}'", f"'{path}'", fs_path(path), path):
+        line = line.replace(shown, "").replace(" : ", ": ").replace("  ", " ")
+    return line.strip()[:200]
 
 
 def _problem(path: str, sample_rate: int, min_frames: int, silence_peak: float) -> str | None:
@@ -155,7 +173,7 @@ def _problem(path: str, sample_rate: int, min_frames: int, silence_peak: float) 
     try:
         info = sf.info(fs_path(path))
     except Exception as exc:  # libsndfile raises several types on foreign or truncated files
-        return f"unreadable ({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})"
+        return f"unreadable ({_without_path(str(exc), path) or type(exc).__name__})"
     if info.samplerate != sample_rate:
         return f"sample rate {info.samplerate} Hz, expected {sample_rate} Hz (resample the corpus first)"
     if info.frames < min_frames:

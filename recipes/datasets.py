@@ -32,6 +32,9 @@ from recipes.pairs import length_problem
 log = logging.getLogger(__name__)
 
 RECIPES = ("folders", "dns", "voicebank")
+VOICEBANK_TRAINSETS = ("28spk", "56spk")
+# held out of the 28-speaker training set; on another set (the 56-speaker one, a test's tree) that lacks them, the
+# default holds out that set's last two speakers instead, with a warning (named speakers must be there)
 VOICEBANK_VAL_SPEAKERS = ("p226", "p287")
 
 
@@ -42,7 +45,8 @@ class DataConfig:
     speech: tuple[str, ...] = ()  # folders recipe
     noise: tuple[str, ...] = ()  # folders recipe
     val_pairs: str | None = None  # a folder of noisy/clean pairs (layouts of recipes.pairs)
-    val_holdout: float = 0.05  # fraction of files held out for validation mixes when there are no val_pairs
+    # fraction of files held out for validation mixes when there are no val_pairs (at most val_examples files)
+    val_holdout: float = 0.05
     val_examples: int = 64
     voicebank_trainset: str = "28spk"
     voicebank_val_speakers: tuple[str, ...] = VOICEBANK_VAL_SPEAKERS
@@ -60,6 +64,11 @@ class DataConfig:
             raise ValueError(f"val_holdout is a fraction of the files, in (0, 1), got {self.val_holdout}")
         if self.val_examples < 1:
             raise ValueError(f"val_examples must be >= 1, got {self.val_examples}")
+        if self.voicebank_trainset not in VOICEBANK_TRAINSETS:  # "56" failed as a missing folder
+            raise ValueError(
+                f"voicebank_trainset is one of {', '.join(VOICEBANK_TRAINSETS)} (the {{clean,noisy}}_trainset_"
+                f"<set>_wav folders), got {self.voicebank_trainset!r}"
+            )
         ignored = self.ignored()
         if ignored:  # it would be recorded in config.json (and a model card) as if it had been applied
             raise ValueError(
@@ -117,9 +126,16 @@ def build(cfg: DataConfig, seed: int) -> RecipeData:
         if cfg.root is None:
             raise ValueError("the dns recipe needs root (the DNS-Challenge folder)")
         root = Path(cfg.root)
-        return _mixing(
-            cfg, seed, [str(root / "datasets" / "clean")], [str(root / "datasets" / "noise")], None
-        )
+        folders = [root / "datasets" / "clean", root / "datasets" / "noise"]
+        for d in (
+            folders
+        ):  # "no such folder", with a hint about --config's relative folders, when --root was wrong
+            if not d.is_dir():
+                raise FileNotFoundError(
+                    f"{d}: missing (expected the DNS Challenge layout: {root}/datasets/clean and "
+                    f"{root}/datasets/noise; --root names the folder holding datasets/)"
+                )
+        return _mixing(cfg, seed, [str(folders[0])], [str(folders[1])], None)
     return _voicebank(cfg, seed)
 
 
@@ -141,8 +157,10 @@ def _mixing(
         skipped += bad
         train_speech, train_noise = speech, noise
     else:
-        train_speech, val_speech = split_pool(speech, cfg.val_holdout, seed, "speech")
-        train_noise, val_noise = split_pool(noise, cfg.val_holdout, seed, "noise")
+        # at most as many files as the validation mixes can use: 5 % of DNS's 60,000 clean files took 25 h out of
+        # training for 64 mixes
+        train_speech, val_speech = split_pool(speech, cfg.val_holdout, seed, "speech", cfg.val_examples)
+        train_noise, val_noise = split_pool(noise, cfg.val_holdout, seed, "noise", cfg.val_examples)
         val = fixed_mixes(val_speech, val_noise, cfg.mixing, cfg.val_examples, seed)
     # decoded once here (below 2 GiB each), shared by the loader's forked workers: examples then cost no
     # decoding, which matters for compressed copies (recipes.compact_corpus) and fast GPUs
@@ -162,10 +180,12 @@ def _fingerprint(files: list[str], val: list[ValPair]) -> str:
     return content_fingerprint(files, [a for pair in val for a in (pair.noisy, pair.clean)])
 
 
-def split_pool(pool: AudioPool, fraction: float, seed: int, what: str = "") -> tuple[AudioPool, AudioPool]:
-    """Hold out ``fraction`` of the files (at least one, seeded) for validation; ``what``: the pool's name, for
-    the error."""
-    n_val = max(1, round(len(pool) * fraction))
+def split_pool(
+    pool: AudioPool, fraction: float, seed: int, what: str = "", most: int | None = None
+) -> tuple[AudioPool, AudioPool]:
+    """Hold out ``fraction`` of the files (at least one, at most ``most``; seeded) for validation; ``what``: the
+    pool's name, for the error."""
+    n_val = max(1, min(round(len(pool) * fraction), most or len(pool)))
     if len(pool) < 2:
         raise ValueError(
             f"need at least 2 usable {what + ' ' if what else ''}files to hold one out for validation, got "
@@ -180,11 +200,14 @@ def split_pool(pool: AudioPool, fraction: float, seed: int, what: str = "") -> t
 def fixed_mixes(
     speech: AudioPool, noise: AudioPool, mixing: MixingConfig, n: int, seed: int
 ) -> list[ValPair]:
-    """A fixed validation set: ``n`` segments of held-out speech mixed with held-out noise (own seed)."""
+    """A fixed validation set: ``n`` segments of held-out speech, spread evenly over the held-out files, mixed with
+    held-out noise (own seed). The first ``n`` segments were taken: the first few files by name (8 files of
+    DNS's 30-s clips)."""
     # one pass: repeats is a training-speed setting and must not change (or pad) the validation set
     ds = MixingDataset(speech, noise, dataclasses.replace(mixing, repeats=1), seed=seed + 7919)
     out = []
-    for i in range(min(n, len(ds))):
+    picks = np.unique(np.linspace(0, len(ds) - 1, min(n, len(ds))).round().astype(int))
+    for i in (int(k) for k in picks):
         noisy, clean = ds[(0, i)]
         out.append(ValPair(f"val_{i:04d}", noisy.numpy(), clean.numpy()))
     return out
@@ -265,10 +288,9 @@ def _voicebank(cfg: DataConfig, seed: int) -> RecipeData:
             f"the VoiceBank cache (--cache-dir, data.cache_dir: {cache.parent}) cannot be made: "
             f"{exc.strerror or exc} ({exc.filename}); give --cache-dir a folder this user can write"
         ) from None
-    names = sorted(p.name for p in clean_dir.glob("*.wav"))
+    names = _wav_names(clean_dir)  # .WAV too, as evaluation and the other recipes take it
     skipped: list[Skipped] = [
-        Skipped(str(noisy_dir / n), "no clean twin")
-        for n in sorted(set(p.name for p in noisy_dir.glob("*.wav")) - set(names))
+        Skipped(str(noisy_dir / n), "no clean twin") for n in sorted(set(_wav_names(noisy_dir)) - set(names))
     ]
     pairs: list[tuple[str, str, str]] = []  # (name, noisy16, clean16)
     for name in names:
@@ -283,11 +305,7 @@ def _voicebank(cfg: DataConfig, seed: int) -> RecipeData:
             continue
         pairs.append((name, n16, c16))
     speakers = sorted({n.split("_")[0] for n, _, _ in pairs})
-    missing = [s for s in cfg.voicebank_val_speakers if s not in speakers]
-    if missing and cfg.voicebank_val_speakers != VOICEBANK_VAL_SPEAKERS:  # named ones must be there
-        raise ValueError(f"voicebank_val_speakers {missing} not in the training set ({', '.join(speakers)})")
-    # the default pair is the 28-speaker set's; another tree (a test's, the 56-speaker set) holds out its last two
-    val_speakers = [s for s in cfg.voicebank_val_speakers if s in speakers] or speakers[-2:]
+    val_speakers = _val_speakers(cfg.voicebank_val_speakers, speakers, tag)
     if len(val_speakers) >= len(speakers):
         raise ValueError(f"need more speakers than the {len(val_speakers)} held out for validation")
     train_pairs = [p for p in pairs if p[0].split("_")[0] not in val_speakers]
@@ -325,6 +343,30 @@ def _voicebank(cfg: DataConfig, seed: int) -> RecipeData:
     )
     sources = [str(d / name) for name, _, _ in keep for d in (noisy_dir, clean_dir)]
     return RecipeData(train, val, skipped, desc, _fingerprint(sources, val))
+
+
+def _wav_names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.suffix.lower() == ".wav" and p.is_file())
+
+
+def _val_speakers(named: tuple[str, ...], speakers: list[str], tag: str) -> list[str]:
+    """The speakers held out for validation: ``named`` when all are in the set. The default pair (the 28-speaker
+    set's) missing in part or whole gives the set's last two speakers, with a warning; other named speakers must
+    all be there (one of two held out without a word, before)."""
+    missing = [s for s in named if s not in speakers]
+    if not missing:
+        return list(named)
+    if named != VOICEBANK_VAL_SPEAKERS:
+        raise ValueError(f"voicebank_val_speakers {missing} not in the training set ({', '.join(speakers)})")
+    chosen = speakers[-2:]
+    log.warning(
+        "VoiceBank %s: %s not in this training set: holding out its last two speakers, %s, for validation (name "
+        "others with data.voicebank_val_speakers in a --config file)",
+        tag,
+        ", ".join(missing),
+        ", ".join(chosen),
+    )
+    return chosen
 
 
 def cache_16k(src: Path, dst: Path) -> str:

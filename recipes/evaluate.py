@@ -32,14 +32,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from enhance.arguments import attenuation_db
 from enhance.audio_io import MODEL_RATE, load_mono_16k
-from enhance.cli import attenuation_db
 from enhance.device import inference_device, usable_device
 from enhance.errors import EnhanceError
 from enhance.offline import enhance_waveform
 from models import CheckpointError, Enhancer, get_config, load_checkpoint
 from recipes.interrupt import on_interrupt
-from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics, metrics_problem
+from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics, failure_reason, metrics_problem
 from recipes.pairs import Pair, discover_pairs, length_problem
 from recipes.run_folder import out_folder_problem, write_text
 
@@ -65,9 +65,10 @@ def _scorer(dnsmos: bool | DNSMOS) -> DNSMOS | None:
 
 def score_pair(
     model: Enhancer, pair: Pair, scorer: DNSMOS | None
-) -> tuple[dict[str, dict[str, float]], dict[str, int], str | None]:
-    """Metrics of the noisy input and of the enhanced output of one pair, what loading had to convert, and why
-    the pair looks mis-paired (:func:`recipes.pairs.length_problem`; None: it does not).
+) -> tuple[dict[str, dict[str, float]], dict[str, int], str | None, dict[str, str]]:
+    """Metrics of the noisy input and of the enhanced output of one pair, what loading had to convert, why
+    the pair looks mis-paired (:func:`recipes.pairs.length_problem`; None: it does not), and per system why a
+    metric may be NaN (:func:`recipes.metrics.failure_reason`).
 
     Raises :class:`enhance.errors.EnhanceError` when a file cannot be read or enhanced.
     """
@@ -83,7 +84,8 @@ def score_pair(
         "multichannel": int(clean_ch > 1 or noisy_ch > 1),
         "length_mismatch": int(len(clean) != len(noisy)),
     }
-    return scores, notes, length_problem(len(noisy), len(clean))
+    reasons = {"noisy": failure_reason(clean, noisy), "enhanced": failure_reason(clean, enhanced)}
+    return scores, notes, length_problem(len(noisy), len(clean)), reasons
 
 
 def summarize(
@@ -192,6 +194,12 @@ def left_out(result: dict[str, Any]) -> str:
     if mismatched:
         text += f"\nScored, but their sides' lengths differ (cut to the shorter; {len(mismatched)}):\n\n"
         text += "".join(f"- {m['name']}: {m['reason']}\n" for m in mismatched)
+    failed = result.get("failed") or []
+    if failed:
+        text += f"\nMetrics not computed (NaN: n_failed; {len(failed)}):\n\n"
+        text += "".join(
+            f"- {f['name']}, {f['system']}: {', '.join(f['metrics'])}: {f['reason']}\n" for f in failed
+        )
     return text
 
 
@@ -222,6 +230,8 @@ def evaluate(
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, str]] = []
     mismatched: list[dict[str, str]] = []
+    failed: list[dict[str, Any]] = []
+    computed = METRIC_KEYS if scorer is not None else tuple(k for k in METRIC_KEYS if k not in DNSMOS_KEYS)
     notes = {"resampled": 0, "multichannel": 0, "length_mismatch": 0}
     start = time.perf_counter()
     was_training = model.training
@@ -229,7 +239,7 @@ def evaluate(
     try:
         for pair in tqdm(selected, desc="evaluate", unit="file", disable=not show, file=sys.stderr):
             try:
-                scores, file_notes, mismatch = score_pair(model, pair, scorer)
+                scores, file_notes, mismatch, reasons = score_pair(model, pair, scorer)
             except EnhanceError as exc:
                 skipped.append({"name": pair.name, "reason": str(exc)})
                 if log is not None:
@@ -240,10 +250,20 @@ def evaluate(
                 if log is not None:
                     log(f"warning: {pair.name}: {mismatch}; scored on the shorter side's length")
             rows.extend({"name": pair.name, "system": s, **scores[s]} for s in SYSTEMS)
+            for system in SYSTEMS:  # n_failed counted them without a name or a reason
+                nan = [k for k in computed if not math.isfinite(scores[system][k])]
+                if nan:
+                    failed.append(
+                        {"name": pair.name, "system": system, "metrics": nan, "reason": reasons[system]}
+                    )
+                    if log is not None:
+                        log(
+                            f"warning: {pair.name}: {', '.join(nan)} of the {system} signal not computed: "
+                            f"{reasons[system]}"
+                        )
             notes = {k: notes[k] + file_notes[k] for k in notes}
     finally:
         model.train(was_training)
-    computed = METRIC_KEYS if scorer is not None else tuple(k for k in METRIC_KEYS if k not in DNSMOS_KEYS)
     result: dict[str, Any] = {
         "summary": summarize(rows, computed),
         "n_pairs": len(selected),
@@ -251,6 +271,7 @@ def evaluate(
         "skipped": skipped,
         "unpaired": list(unpaired),
         "length_mismatched": mismatched,
+        "failed": failed,
         "dnsmos": scorer is not None,
         "files_converted": notes,
         "elapsed_s": round(time.perf_counter() - start, 3),
@@ -368,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result["n_evaluated"] == 0:
         _stderr(f"error: no file could be evaluated; nothing written to {args.out}")
         return 1
-    print(markdown_table(result["summary"]), end="")
+    print(markdown_table(result["summary"]) + left_out(result), end="")
     _stderr(f"wrote {args.out}/per_file.csv, summary.csv, summary.md, summary.json")
     return 0
 

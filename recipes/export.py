@@ -107,8 +107,8 @@ def sweep_table(rows: list[dict[str, Any]], n_pairs: int, select: str = "pesq") 
         return " | ".join(f"{r[k]:.2f}" if k == "si_sdr" else f"{r[k]:.3f}" for k in keys)
 
     lines = [
-        f"## Attenuation limit\n\nChosen by {how} on the first {n_pairs} dev pairs (they are also among the pairs "
-        "above):",
+        f"## Attenuation limit\n\nChosen by {how} on the first {n_pairs} of the pairs given (`--pairs`; they are "
+        "also among the pairs above, so the scores there are not independent of this choice):",
         "",
         "| max attenuation (dB) | " + " | ".join(names[k] for k in keys) + " |",
         "|---" * (len(keys) + 1) + "|",
@@ -243,11 +243,17 @@ def _training(
     mixing = data["mixing"]
     passes = int(mixing.get("repeats", 1))
     epoch = "one pass" if passes == 1 else f"{passes} passes"
+    if data.get("recipe") == "voicebank":  # its pairs come mixed: no SNR draw, one crop per pair and epoch
+        snr = ", the corpus' own mixtures"
+        unit = f"one random {mixing['segment_seconds']:g}-s crop of each training pair"
+    else:
+        snr = f", SNR U{mixing['snr_db']} dB"
+        unit = f"{epoch} over the speech files in {mixing['segment_seconds']:g}-s segments"
     return (
         f"Adam lr {train['lr']}, batch {train['batch_size']}, lr x{train['lr_factor']} after {train['lr_patience']}"
-        f" epochs without validation improvement, seed {train['seed']}, SNR U{mixing['snr_db']} dB"
+        f" epochs without validation improvement, seed {train['seed']}{snr}"
         f"{_where(folder)}.{_loss(train)}{_averaged(train)}{_init(train)} **{len(rows)} epochs done of {train['epochs']} planned**"
-        f" (one epoch = {epoch} over the speech files in {mixing['segment_seconds']:g}-s segments); {which}."
+        f" (one epoch = {unit}); {which}."
     )
 
 
@@ -396,7 +402,12 @@ def main(argv: list[str] | None = None) -> int:
         help="what the sweep maximises: PESQ; DNSMOS OVRL; or balanced = the best OVRL among the limits within "
         f"{PESQ_TOLERANCE} of the best PESQ (default %(default)s)",
     )
-    ap.add_argument("--sweep-pairs", type=positive_int, default=20, help="dev pairs the sweep is scored on")
+    ap.add_argument(
+        "--sweep-pairs",
+        type=positive_int,
+        default=20,
+        help="pairs (the first of --pairs) the sweep is scored on",
+    )
     ap.add_argument(
         "--note",
         default="",

@@ -103,12 +103,13 @@ def si_sdr(ref: np.ndarray, deg: np.ndarray) -> float:
 
     ``alpha = <deg, ref> / |ref|^2``; ``SI-SDR = 10 log10(|alpha ref|^2 / |deg - alpha ref|^2)``. No mean is
     removed from either signal (speech files are assumed DC-free; mean removal would change the score of signals
-    with a DC offset). A tiny ``eps`` keeps it finite: identical signals give a very large value (> 100 dB), an
-    all-zero ``deg`` gives 0 dB. NaN for an all-zero (or empty, or non-finite) reference. Both signals are cut to
-    the same length first.
+    with a DC offset). A tiny ``eps`` keeps it finite: identical signals give a very large value (> 100 dB). NaN
+    (undefined: 0/0) for an all-zero ``deg``, as PESQ is, and for an all-zero (or empty, or non-finite) reference:
+    the eps made a muted output 0 dB, finite, in the means, and above a noisy input at -5 dB. Both signals are cut
+    to the same length first.
     """
     r, d = _same_length(ref, deg)
-    if not _usable(r, d):
+    if not _usable(r, d) or not np.any(d != 0):
         return NAN
     eps = np.finfo(np.float64).eps
     r, d = r.astype(np.float64), d.astype(np.float64)
@@ -217,6 +218,22 @@ class DNSMOS:
         raw = [session.run(None, {name: seg[np.newaxis, :]})[0][0] for seg in self.windows(audio)]
         mos = self.polyfit(np.asarray(raw)).mean(axis=0)
         return {"sig": float(mos[0]), "bak": float(mos[1]), "ovrl": float(mos[2])}
+
+
+def failure_reason(ref: np.ndarray, deg: np.ndarray) -> str:
+    """Why a metric of ``deg`` against ``ref`` may be NaN, in words for a report (evaluation's ``failed``)."""
+    r, d = _same_length(ref, deg)
+    if len(r) == 0:
+        return "no samples"
+    if not (np.isfinite(r).all() and np.isfinite(d).all()):
+        return "NaN or infinite samples"
+    if not np.any(r != 0):
+        return "the clean reference is silent (all zeros)"
+    if not np.any(d != 0):
+        return "the scored signal is silent (all zeros)"
+    if len(r) < SAMPLE_RATE // 4:
+        return f"{len(r) / SAMPLE_RATE:.2f} s long: PESQ needs at least 0.25 s"
+    return "the metric found nothing to score (e.g. no speech-level frames)"
 
 
 def compute_metrics(ref: np.ndarray, deg: np.ndarray, dnsmos: DNSMOS | None) -> dict[str, float]:

@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from recipes.trainer import (
     DATA_LOCATIONS,
     RESUME_OVERRIDES,
     RunConfig,
+    StopRequest,
     Trainer,
     config_changes,
     saved_run_config,
@@ -285,7 +287,12 @@ def main(argv: list[str] | None = None) -> int:
         problem = run_folder.out_folder_problem(args.out)
         if problem:
             raise ValueError(problem)
-        result = Trainer(cfg, args.out, resume=args.resume).fit()
+        stop = StopRequest()
+        previous = _stop_on_sigterm(stop)
+        try:
+            result = Trainer(cfg, args.out, resume=args.resume, stop=stop).fit()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     except (
         FileNotFoundError,
         FileExistsError,
@@ -295,7 +302,11 @@ def main(argv: list[str] | None = None) -> int:
         CheckpointError,
     ) as exc:
         text = f"{exc.args[0] if isinstance(exc, KeyError) else exc}"
-        if args.resume and isinstance(exc, FileNotFoundError) and "no such folder" in text:
+        if (
+            args.resume
+            and isinstance(exc, FileNotFoundError)
+            and ("no such folder" in text or ": missing (" in text)
+        ):
             text += (
                 " (the run's data folders, as its config.json gives them; a corpus moved elsewhere: give its "
                 "folders again with --speech/--noise/--val-pairs or --root)"
@@ -327,7 +338,28 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     if result and int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(result))
+    if stop.reason == SIGTERM_REASON:
+        print(
+            f"tim-train: terminated; `--out {args.out} --resume` continues from where it stopped",
+            file=sys.stderr,
+        )
+        return 128 + signal.SIGTERM
     return 0
+
+
+SIGTERM_REASON = "SIGTERM"
+
+
+def _stop_on_sigterm(stop: StopRequest) -> Any:
+    """SIGTERM (a batch scheduler's stop, ``kill``): the run stops at the next step with its state saved there;
+    a second one stops at once (exit 143; the last saved state stays). Returns the handler it replaced."""
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.reason is not None:
+            raise SystemExit(128 + signum)
+        stop.reason = SIGTERM_REASON
+
+    return signal.signal(signal.SIGTERM, handler)
 
 
 if __name__ == "__main__":

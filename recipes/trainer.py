@@ -330,9 +330,24 @@ def validate(
     }
 
 
+@dataclass
+class StopRequest:
+    """A request to stop at the next step, with the state saved there (``tim-train`` sets it on SIGTERM, as batch
+    schedulers stop jobs: the steps since the last periodic save were lost). ``reason`` None: go on."""
+
+    reason: str | None = None
+
+
 class Trainer:
-    def __init__(self, cfg: RunConfig, run_dir: str | os.PathLike[str], resume: bool = False) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: str | os.PathLike[str],
+        resume: bool = False,
+        stop: StopRequest | None = None,
+    ) -> None:
         self.cfg, self.run_dir, self.resume = cfg, Path(run_dir), resume
+        self.stop = stop or StopRequest()
         self.dist = Distributed()
         self.device = pick_device(cfg.train.device, self.dist.local_rank)
         self.dist.init(self.device)
@@ -596,6 +611,8 @@ class Trainer:
         while self.pos.epoch < cfg.epochs:
             if epoch_seconds and self._out_of_time(epoch_seconds):
                 return self._stop(last, "time budget: the next epoch would not finish in time")
+            if self._stop_requested():  # asked during the last validation
+                return self._stop(last, self.stop.reason or "stop requested")
             t0, whole = self.clock(), self.pos.step == 0
             last = self._epoch()
             if "stopped" in last:
@@ -613,6 +630,10 @@ class Trainer:
         left = budget * 60.0 - (self.clock() - self._started) - reserve
         # every rank must stop at the same step: rank 0's clock (and its reserve) decides
         return self.dist.broadcast_float(left, self.device) <= 0
+
+    def _stop_requested(self) -> bool:
+        """Whether :attr:`stop` asks to stop; every rank must stop at the same step: rank 0's request decides."""
+        return self.dist.broadcast_float(1.0 if self.stop.reason else 0.0, self.device) > 0
 
     def _stop(self, last: dict[str, Any], reason: str) -> dict[str, Any]:
         self._save_state()
@@ -694,6 +715,10 @@ class Trainer:
                 if bar is not None:
                     bar.close()
                 return self._stop({}, "time budget")
+            if pos.step < n_steps and self._stop_requested():
+                if bar is not None:
+                    bar.close()
+                return self._stop({}, self.stop.reason or "stop requested")
         if bar is not None:
             bar.close()
         return self._end_epoch()

@@ -446,3 +446,26 @@ def test_files_without_a_partner_are_recorded_in_the_reports(tmp_path: Path) -> 
     assert "Left out, no partner found (1)" in summary and "0099" in summary
     assert report["n_evaluated"] == 2
     assert {r["n_unpaired"] for r in read_csv(out / "summary.csv")} == {"1"}
+
+
+def test_files_whose_metrics_fail_are_named_with_the_reason(tmp_path: Path) -> None:
+    """n_failed counted a pair with a silent clean side (and a silent input) without naming it or saying why."""
+    data = make_dev_set(tmp_path / "data", n=3, seconds=1.5)
+    write(data / "dev" / "clean" / "0001.flac", np.zeros(24000, np.float32))
+    write(data / "dev" / "noisy" / "0002.flac", np.zeros(24000, np.float32))
+    out = tmp_path / "eval"
+    assert main(["--model-config", "tiny", "--pairs", str(data), "--out", str(out), "--no-dnsmos"]) == 0
+    report = json.loads((out / "summary.json").read_text())
+    failed = {(f["name"], f["system"]): f for f in report["failed"]}
+    assert failed[("0001", "noisy")]["reason"] == "the clean reference is silent (all zeros)"
+    assert set(failed[("0001", "noisy")]["metrics"]) == {"pesq", "stoi", "si_sdr"}
+    assert failed[("0002", "noisy")]["reason"] == "the scored signal is silent (all zeros)"
+    # a silent input's SI-SDR is NaN too, as its PESQ (the eps made it 0 dB, inside the noisy mean)
+    assert "si_sdr" in failed[("0002", "noisy")]["metrics"]
+    summary = (out / "summary.md").read_text()
+    assert (
+        "Metrics not computed" in summary
+        and "0001, noisy: pesq, stoi, si_sdr: the clean reference" in summary
+    )
+    rows = {r["system"]: r for r in read_csv(out / "summary.csv")}
+    assert rows["noisy"]["n_failed"] == str(len([k for k in failed if k[1] == "noisy"]))

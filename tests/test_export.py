@@ -322,3 +322,20 @@ def test_export_writes_nothing_until_everything_it_needs_is_there(
     assert card.endswith(
         f"SHA-256 `{file_sha256(shipped)}` (`sha256sum models/pretrained/scratch.safetensors`).\n"
     )
+
+
+def test_a_voicebank_runs_card_describes_its_pairs_not_dynamic_mixing(tmp_path: Path) -> None:
+    """A VoiceBank run's card said "SNR U[0.0, 40.0] dB" and "one pass over the speech files": its pairs come
+    mixed, and an epoch is one random crop of each pair."""
+    from models.config_io import to_dict
+    from recipes.export import _training
+    from recipes.trainer import RunConfig
+
+    cfg = to_dict(RunConfig())
+    rows = [{"epoch": "1", "val_loss": "0.5", "val_pmsqe": "1.0"}]
+    mixed = _training(cfg["train"], cfg["data"], rows, "best.safetensors", tmp_path)
+    assert "SNR U[0.0, 40.0] dB" in mixed and "one pass over the speech files in 4-s segments" in mixed
+    vb = dict(cfg["data"], recipe="voicebank")
+    line = _training(cfg["train"], vb, rows, "best.safetensors", tmp_path)
+    assert "SNR" not in line and "the corpus' own mixtures" in line
+    assert "(one epoch = one random 4-s crop of each training pair)" in line

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -506,6 +506,33 @@ class ResumeRuns:
     killed_at: dict[str, Any]  # position in B's state.pt right after the kill
 
 
+def train_and_signal(args: list[str], cwd: Path, log: Path, ready: Callable[[], bool], sig: int) -> int:
+    """``python -m recipes.train ARGS`` with its output in ``log``; ``sig`` is sent once ``ready()`` (polled) is
+    true. Its exit status (killed after CLI_TIMEOUT)."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "recipes.train", *args],
+            cwd=cwd,
+            env=cli_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL),  # not inherited as ignored
+        )
+        deadline = time.monotonic() + CLI_TIMEOUT
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                if ready():
+                    proc.send_signal(sig)
+                    break
+                time.sleep(0.002)
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return proc.returncode
+
+
 @pytest.fixture(scope="module")
 def resume_runs(folders: FolderTree, tmp_path_factory: pytest.TempPathFactory) -> ResumeRuns:
     base = tmp_path_factory.mktemp("resume")
@@ -521,29 +548,18 @@ def resume_runs(folders: FolderTree, tmp_path_factory: pytest.TempPathFactory) -
         Trainer(cfg, a).fit()
 
     log = base / "B.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "recipes.train", *args, "--out", str(b)],
-            cwd=base,
-            env=cli_env(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        state, seen_mtime, deadline = b / "state.pt", 0, time.monotonic() + CLI_TIMEOUT
-        try:
-            while proc.poll() is None and time.monotonic() < deadline:
-                if state.is_file() and state.stat().st_mtime_ns != seen_mtime:
-                    seen_mtime = state.stat().st_mtime_ns
-                    pos = run_folder.load_state(state)["position"]
-                    if pos["epoch"] == 0 and pos["step"] >= 2:
-                        proc.send_signal(signal.SIGKILL)
-                        break
-                time.sleep(0.002)
-        finally:
-            if proc.poll() is None and time.monotonic() >= deadline:
-                proc.kill()
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL, f"run B was not killed mid-run:\n{log.read_text()}"
+    state, seen_mtime = b / "state.pt", 0
+
+    def mid_epoch() -> bool:
+        nonlocal seen_mtime
+        if not state.is_file() or state.stat().st_mtime_ns == seen_mtime:
+            return False
+        seen_mtime = state.stat().st_mtime_ns
+        pos = run_folder.load_state(state)["position"]
+        return bool(pos["epoch"] == 0 and pos["step"] >= 2)
+
+    code = train_and_signal([*args, "--out", str(b)], base, log, mid_epoch, signal.SIGKILL)
+    assert code == -signal.SIGKILL, f"run B was not killed mid-run:\n{log.read_text()}"
     killed_at = run_folder.load_state(b / "state.pt")["position"]
     train_cli(["--out", str(b), "--resume"], base)
     return ResumeRuns(cfg, args, a, b, killed_at)
@@ -589,6 +605,36 @@ def test_killed_run_resumes_exactly(resume_runs: ResumeRuns) -> None:
         meta["weights"]
         == f"moving average, decay 0.9, {n} updates, warm-up (decay now {min(0.9, (1 + n) / (10 + n)):.5f})"
     )
+
+
+def test_sigterm_stops_at_the_next_step_with_the_state_saved_there(
+    resume_runs: ResumeRuns, tmp_path: Path
+) -> None:
+    """SIGTERM (how batch schedulers stop jobs) ended the run at once, without a word, losing the steps since the
+    last periodic save (500 in default-gpu.json). Now it stops at the next step with the state saved there, says
+    how to go on and exits 143; the resumed run ends where the uninterrupted one does, bit for bit."""
+    rare = tmp_path / "save-rarely.json"
+    rare.write_text(json.dumps({"train": {"save_every_steps": 1000, "log_every_steps": 1, "ema_decay": 0.9}}))
+    run = tmp_path / "C"
+    args = [a for a in resume_runs.args]
+    args[args.index("--config") + 1] = str(rare)
+    log = tmp_path / "C.log"
+    code = train_and_signal(
+        [*args, "--out", str(run)],
+        tmp_path,
+        log,
+        lambda: "[train] epoch 1 step 2/" in log.read_text(),
+        signal.SIGTERM,
+    )
+    text = log.read_text()
+    assert code == 143, text
+    assert f"tim-train: terminated; `--out {run} --resume` continues from where it stopped" in text
+    pos = run_folder.load_state(run / "state.pt")["position"]
+    assert pos["epoch"] == 0 and 2 <= pos["step"] < 8, pos  # saved where it stopped (no periodic save before)
+    train_cli(["--out", str(run), "--resume"], tmp_path)
+    a = safetensors.torch.load_file(resume_runs.a / "last.safetensors")
+    c = safetensors.torch.load_file(run / "last.safetensors")
+    assert a.keys() == c.keys() and all(torch.equal(a[k], c[k]) for k in a)
 
 
 def snapshot(run: Path) -> dict[str, bytes]:
