@@ -51,3 +51,12 @@ def bounded(
         return value
 
     return parse
+
+
+def attenuation_db(text: str) -> float:
+    """``--max-attenuation-db`` (enhance-cli, recipes.evaluate): a number of dB >= 0, or inf (checked as
+    :meth:`models.Enhancer.set_max_attenuation` will check it)."""
+    value = number(text, float)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0 dB (or inf for no limit), got {text}")
+    return value

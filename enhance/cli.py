@@ -35,7 +35,7 @@ from typing import Any, BinaryIO, NoReturn
 import soundfile as sf
 import torch
 
-from enhance.arguments import number, package_version
+from enhance.arguments import attenuation_db, number, package_version
 from enhance.atomic_files import nearest_existing
 from enhance.audio_io import (
     AUDIO_SUFFIXES,
@@ -70,15 +70,6 @@ from enhance.targets import (
 )
 from models.checkpoint import Checkpoint, CheckpointError, load_checkpoint, read_metadata
 from models.pretrained import DEFAULT_MODEL, load_pretrained, pretrained_path
-
-
-def attenuation_db(text: str) -> float:
-    """``--max-attenuation-db`` (enhance-cli, recipes.evaluate): a number of dB >= 0, or inf (checked as
-    :meth:`models.Enhancer.set_max_attenuation` will check it)."""
-    value = number(text, float)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0 dB (or inf for no limit), got {text}")
-    return value
 
 
 def bundled_limit_text() -> str:

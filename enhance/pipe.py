@@ -25,7 +25,7 @@ from enhance.audio_io import (
     sample_value_error,
 )
 from enhance.pcm import decode_pcm, encode_pcm, frame_bytes
-from enhance.rate_bridge import RateBridge
+from enhance.rate_stream import RateStream
 from enhance.streaming import StreamingEnhancer
 from models.enhancer import Enhancer
 
@@ -48,27 +48,12 @@ def stream_pcm(
     ones (the offline path's), as the WebSocket stream's ``"resampling": "low_latency"``."""
     width = frame_bytes(channels, pcm)
     engine = StreamingEnhancer(model, channels, backend=backend)
-    bridge = RateBridge(rate, channels, high_band=high_band, quality="LQ" if low_latency else "HQ")
-    received = written = 0
+    stream = RateStream(engine, rate, high_band=high_band, quality="LQ" if low_latency else "HQ")
     pending = b""
 
-    def write(y16: np.ndarray, last: bool = False) -> None:
-        nonlocal written
-        y = bridge.from_model(y16, last)[:, : max(0, received - written)]
+    def write(y: np.ndarray) -> None:
         fout.write(encode_pcm(y, pcm))
         fout.flush()
-        written += y.shape[1]
-
-    def finish() -> None:
-        """The end of the stream: what the resampler and the engine still hold, then zeros up to the input's
-        length where rounding left the output short."""
-        nonlocal written
-        write(engine.process(bridge.to_model(np.zeros((channels, 0), np.float32), last=True)))
-        write(engine.flush(), last=True)
-        if written < received:
-            fout.write(bytes((received - written) * width))  # zeros in either format
-            fout.flush()
-            written = received
 
     read = getattr(fin, "read1", fin.read)
     head = b""
@@ -106,19 +91,16 @@ def stream_pcm(
         problem = sample_value_error(x)
         if problem:  # the stream ends at the bad sample: the good ones before it still come out, in full
             good = x[: int(np.argmax(~(np.abs(x) <= MAX_FLOAT_SAMPLE).all(axis=1)))]
-            received += len(good)
-            write(engine.process(bridge.to_model(np.ascontiguousarray(good.T))))
-            finish()
+            write(stream.process_last(np.ascontiguousarray(good.T)))
             raise AudioError(
-                f"<stdin>: {problem} in the PCM stream (the {received} samples before it were written)"
+                f"<stdin>: {problem} in the PCM stream (the {stream.received} samples before it were written)"
             )
-        received += n
-        write(engine.process(bridge.to_model(np.ascontiguousarray(x.T))))
-    finish()
+        write(stream.process(np.ascontiguousarray(x.T)))
+    write(stream.finish())
     if pending:
         print(
             f"enhance-cli: warning: <stdin> ended inside a sample frame: its last {len(pending)} byte(s) were "
             f"left out ({width} bytes per frame of {channels} {pcm} sample(s))",
             file=sys.stderr,
         )
-    return written
+    return stream.sent

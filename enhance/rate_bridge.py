@@ -2,8 +2,8 @@
 
 Two soxr streams (none at 16 kHz) and, above 16 kHz, the band above 8 kHz kept and gated on the way back
 (:mod:`enhance.high_band`). Every streamed path goes through it: files in blocks (:mod:`enhance.files`), the raw
-PCM pipe (:mod:`enhance.pipe`) and the server's WebSocket streams. Arrays are ``[channels, samples]`` float32, the
-streaming engine's layout.
+PCM pipe and the server's WebSocket streams (both through :class:`enhance.rate_stream.RateStream`). Arrays are
+``[channels, samples]`` float32, the streaming engine's layout.
 """
 
 from __future__ import annotations

@@ -102,11 +102,11 @@ class StreamingEnhancer:
     @property
     def latency_samples(self) -> int:
         """Worst-case algorithmic delay: window + lookahead hops (+ the rest of the current hop)."""
-        return self.cfg.win_length + self.model.cfg.lookahead_frames * self.cfg.hop_length
+        return int(self.model.cfg.latency_samples)
 
     @property
     def latency_ms(self) -> float:
-        return 1000.0 * self.latency_samples / self.cfg.sample_rate
+        return float(self.model.cfg.latency_ms)
 
     def reset(self) -> None:
         """Drop the stream in progress (its held samples are not returned) and start a new one."""
@@ -123,8 +123,7 @@ class StreamingEnhancer:
 
     def _competition(self) -> list[np.ndarray]:
         if self.with_competition and not self._maps and self.model.competition_blocks:
-            assert self.model.cfg.tim is not None  # competition blocks are TIM blocks
-            n_s = self.model.cfg.tim.attention.n_groups
+            n_s = self.model.cfg.n_mechanisms  # competition blocks are TIM blocks
             return [np.zeros((self.channels, 0, n_s), np.float32) for _ in self.model.competition_blocks]
         return [np.concatenate(chunks, axis=1) for chunks in self._maps]
 

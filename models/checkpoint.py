@@ -82,8 +82,31 @@ def save_checkpoint(
         "versions": json.dumps(software_versions()),
     }
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    with atomic_path(path, durable=True) as tmp:
-        safetensors.torch.save_file(tensors, tmp, metadata=metadata)
+    write_safetensors(path, tensors, metadata, durable=True)
+
+
+def write_safetensors(
+    path: str | os.PathLike[str],
+    tensors: dict[str, torch.Tensor],
+    metadata: dict[str, str],
+    durable: bool = False,
+) -> None:
+    """``tensors`` and ``metadata`` as a safetensors file, written atomically, the same bytes for the same
+    content in every process (:func:`stable_bytes`)."""
+    data = stable_bytes(safetensors.torch.save(tensors, metadata=metadata))
+    with atomic_path(path, durable=durable) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+
+
+def stable_bytes(data: bytes) -> bytes:
+    """A safetensors file with its JSON header's keys sorted. safetensors writes the metadata in the order of a
+    Rust hash map, which changes from process to process: the same weights and metadata gave files with other
+    bytes (and SHA-256), so hashing two runs' checkpoints could not show that a resumed run was exact. The
+    tensors' offsets are relative to the data after the header, so only the header changes."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.dumps(json.loads(data[8 : 8 + n]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)  # safetensors pads the header with spaces to 8 bytes
+    return len(header).to_bytes(8, "little") + header + data[8 + n :]
 
 
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:

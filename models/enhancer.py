@@ -105,6 +105,16 @@ class EnhancerConfig:
     def n_mechanisms(self) -> int:
         return self.tim.n_mechanisms if (self.tim is not None and self.tim_blocks) else 1
 
+    @property
+    def latency_samples(self) -> int:
+        """Algorithmic delay of streaming, worst case: the window plus the lookahead hops (an input sample waits
+        for the rest of its hop, then for the frames after it; GUIDE: 32 + 16 = 48 ms)."""
+        return self.stft.win_length + self.lookahead_frames * self.stft.hop_length
+
+    @property
+    def latency_ms(self) -> float:
+        return 1000.0 * self.latency_samples / self.stft.sample_rate
+
 
 @dataclass
 class EnhancerOutput:

@@ -25,8 +25,7 @@ import safetensors
 import safetensors.torch
 import torch
 
-from enhance.atomic_files import atomic_path
-from models.checkpoint import file_sha256
+from models.checkpoint import file_sha256, write_safetensors
 from recipes.interrupt import on_interrupt
 
 DELTA_FORMAT = "tim-enhance-checkpoint-delta/1"
@@ -62,8 +61,7 @@ def encode(base: str | Path, checkpoint: str | Path, out: str | Path) -> None:
         else:
             delta[k] = v
     meta = {**meta, "delta_format": DELTA_FORMAT, "delta_base_sha256": file_sha256(base)}
-    with atomic_path(out) as tmp:
-        safetensors.torch.save_file(delta, tmp, metadata=meta)
+    write_safetensors(out, delta, meta)
 
 
 def decode(base: str | Path, delta_path: str | Path, out: str | Path) -> None:
@@ -80,8 +78,7 @@ def decode(base: str | Path, delta_path: str | Path, out: str | Path) -> None:
     for k, d in delta.items():
         b = base_t[k]
         tensors[k] = (b.double() + d.double()).to(b.dtype) if b.is_floating_point() else d
-    with atomic_path(out, durable=True) as tmp:
-        safetensors.torch.save_file(tensors, tmp, metadata=meta)
+    write_safetensors(out, tensors, meta, durable=True)
 
 
 @on_interrupt("tim-checkpoint-delta", "nothing was written")

@@ -62,6 +62,7 @@ UPLOAD_MB = bounded(float, 0.001, high=1e6)  # 1e-9 MiB made a limit of 0 bytes
 
 
 def build_parser() -> argparse.ArgumentParser:
+    D = ServerConfig()  # the defaults, written once
     p = argparse.ArgumentParser(
         prog="enhance-server",
         description="Speech enhancement service: POST /v1/enhance, POST /v1/analyze, WS /v1/stream, web page at /.",
@@ -84,63 +85,82 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="[ALIAS=]PATH",
         help="checkpoint file to serve, under its stored name or ALIAS (repeatable)",
     )
-    p.add_argument("--device", default="cpu", help="torch device of the models")
-    p.add_argument("--max-upload-mb", type=UPLOAD_MB, default=50.0, help="largest accepted upload (MiB)")
-    p.add_argument("--max-duration", type=SECONDS, default=600.0, help="longest accepted file (s)")
+    p.add_argument("--device", default=D.device, help="torch device of the models")
+    p.add_argument(
+        "--max-upload-mb",
+        type=UPLOAD_MB,
+        default=D.max_upload_bytes / MB,
+        help="largest accepted upload (MiB)",
+    )
+    p.add_argument("--max-duration", type=SECONDS, default=D.max_duration_s, help="longest accepted file (s)")
     p.add_argument(
         "--max-channels",
         type=bounded(int, 1, high=MAX_CHANNELS),
-        default=8,
+        default=D.max_channels,
         help="most channels in a file or a stream (default %(default)s)",
     )
     p.add_argument(
         "--max-samples",
         type=bounded(float, 1, high=1e12),
-        default=80e6,
+        default=float(D.max_samples),
         help="most samples (frames x channels) in one file, e.g. 80e6: 10 min of 48 kHz stereo is 57.6e6",
     )
     p.add_argument(
-        "--max-concurrency", type=bounded(int, 1), default=2, help="enhancements at once (more wait)"
+        "--max-concurrency",
+        type=bounded(int, 1),
+        default=D.max_concurrency,
+        help="enhancements at once (more wait)",
     )
     p.add_argument(
         "--max-queue",
         type=bounded(int, 0),
-        default=16,
+        default=D.max_queue,
         help="requests waiting for a slot (more get 503; 0: no queue)",
     )
     p.add_argument(
-        "--queue-timeout", type=bounded(float, 0), default=10.0, help="longest wait for a slot (s), then 503"
+        "--queue-timeout",
+        type=bounded(float, 0),
+        default=D.queue_timeout_s,
+        help="longest wait for a slot (s), then 503",
     )
     p.add_argument(
-        "--timeout", type=SECONDS, default=120.0, help="per-request processing limit (s), then 504"
+        "--timeout",
+        type=SECONDS,
+        default=D.request_timeout_s,
+        help="per-request processing limit (s), then 504",
     )
     p.add_argument(
-        "--upload-timeout", type=SECONDS, default=60.0, help="time to receive an upload (s), then 408"
+        "--upload-timeout",
+        type=SECONDS,
+        default=D.upload_timeout_s,
+        help="time to receive an upload (s), then 408",
     )
-    p.add_argument("--max-streams", type=bounded(int, 0), default=8, help="WebSocket streams at once")
+    p.add_argument(
+        "--max-streams", type=bounded(int, 0), default=D.max_streams, help="WebSocket streams at once"
+    )
     p.add_argument(
         "--max-stream-seconds",
         type=SECONDS,
-        default=3600.0,
+        default=D.max_stream_s,
         help="audio per WebSocket stream (s); a stream stays open at most this plus --stream-idle-timeout",
     )
     p.add_argument(
         "--stream-backend",
         choices=BACKENDS,
-        default="auto",
+        default=D.stream_backend,
         help="what runs WebSocket streams' 16 ms steps (auto: native, the step in C, where a C compiler is (or a "
         f"build is cached), else torchscript on a CPU, else pytorch; {REDUCED_PRECISION})",
     )
     p.add_argument(
         "--stream-device",
-        default="cpu",
+        default=D.stream_device,
         help="torch device of WebSocket streams (default: %(default)s, also with --device cuda: a 16 ms step is "
         "too little work for a GPU; the CPU's C step was 4x faster than an H200 in bench/results/device-cuda.md)",
     )
     p.add_argument(
         "--stream-idle-timeout",
         type=SECONDS,
-        default=60.0,
+        default=D.stream_idle_timeout_s,
         help="close a stream when the client sent nothing and the server had none of its audio to enhance for this long (s)",
     )
     p.add_argument(
@@ -158,11 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="allowed CORS origin (repeatable; '*': any); also the origins whose pages may open WS /v1/stream "
         "besides the server's own",
     )
-    p.add_argument("--threads", type=bounded(int, 0), default=0, help="torch threads (0: torch's default)")
+    p.add_argument(
+        "--threads", type=bounded(int, 0), default=D.threads, help="torch threads (0: torch's default)"
+    )
     p.add_argument(
         "--limit-concurrency",
         type=bounded(int, 1),
-        default=64,
+        default=64,  # ServerConfig's None (no limit) is for embedding the app; a server on a port has one
         help="HTTP requests and WebSocket streams at once before 503 busy (streams: error busy, close 1013); /healthz, /readyz "
         f"and /metrics pass beyond it (uvicorn itself takes {PROBE_ROOM} more connections, idle ones included, for "
         "them); bounds the memory that uploads being read can hold (each about 2.2x its size while a raw body is "

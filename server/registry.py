@@ -45,8 +45,7 @@ class LoadedModel:
 
     @property
     def n_mechanisms(self) -> int:
-        tim = self.checkpoint.config.tim
-        return int(tim.attention.n_groups) if tim is not None else 1
+        return self.checkpoint.config.n_mechanisms
 
     @property
     def parameters(self) -> int:
@@ -54,9 +53,7 @@ class LoadedModel:
 
     @property
     def latency_ms(self) -> float:
-        cfg = self.checkpoint.config
-        samples = cfg.stft.win_length + cfg.lookahead_frames * cfg.stft.hop_length
-        return 1000.0 * samples / cfg.stft.sample_rate
+        return self.checkpoint.config.latency_ms
 
 
 def _split_alias(spec: str) -> tuple[str | None, str]:

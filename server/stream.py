@@ -48,7 +48,8 @@ from starlette.types import Message
 
 from enhance.audio_io import MODEL_RATE, sample_value_error
 from enhance.pcm import decode_pcm, encode_pcm, frame_bytes
-from enhance.rate_bridge import RateBridge, resampling_ms
+from enhance.rate_bridge import resampling_ms
+from enhance.rate_stream import RateStream
 from enhance.streaming import StreamingEnhancer
 from enhance.threads import inherit_threads
 from server.auth import key_from_headers, key_matches
@@ -85,54 +86,18 @@ class StreamError(Exception):
 SOXR_QUALITY = {"high": "HQ", "low_latency": "LQ"}
 
 
-class Session:
-    """One stream's engine, resamplers and counters (used from one task; model calls in a thread)."""
+class Session(RateStream):
+    """One stream's engine, resamplers and counters, as its start message set them (used from one task; model
+    calls in a thread)."""
 
     def __init__(self, engine: StreamingEnhancer, start: StreamStart) -> None:
-        self.engine, self.start = engine, start
-        self.bridge = self._bridge()
-        self.received = 0  # samples per channel in
-        self.sent = 0  # samples per channel out
-
-    def _bridge(self) -> RateBridge:
-        start = self.start
-        return RateBridge(
+        self.start = start
+        super().__init__(
+            engine,
             start.sample_rate,
-            start.channels,
             high_band=start.high_band == "gate",
             quality=SOXR_QUALITY[start.resampling],
         )
-
-    def restart(self) -> None:
-        """After :meth:`finish` (a ``flush``): the next audio starts a new segment, enhanced as a new stream
-        would enhance it (the model's context and the resamplers start again); the counters go on."""
-        self.engine.reset()
-        self.bridge = self._bridge()
-
-    def _take(self, y: np.ndarray) -> np.ndarray:
-        y = y[:, : max(0, self.received - self.sent)]
-        self.sent += y.shape[1]
-        return y
-
-    def process(self, x: np.ndarray) -> np.ndarray:
-        self.received += x.shape[1]
-        y16 = self.engine.process(self.bridge.to_model(x))
-        return self._take(self.bridge.from_model(y16))
-
-    def process_last(self, x: np.ndarray) -> np.ndarray:
-        """``x`` is the stream's last audio: enhance it and flush, as :meth:`process` then :meth:`finish`."""
-        return np.concatenate([self.process(x), self.finish()], axis=1)
-
-    def finish(self) -> np.ndarray:
-        ch = self.start.channels
-        tail = self.bridge.to_model(np.zeros((ch, 0), np.float32), last=True)
-        y16 = np.concatenate([self.engine.process(tail), self.engine.flush()], axis=1)
-        y = self._take(self.bridge.from_model(y16, last=True))
-        short = self.received - self.sent
-        if short > 0:  # resampler rounding: the last few samples
-            y = np.concatenate([y, np.zeros((ch, short), np.float32)], axis=1)
-            self.sent += short
-        return y
 
 
 async def _receive(ws: WebSocket, timeout: float) -> Message:

@@ -160,23 +160,32 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["m.safetensors"]
 
 
-def test_a_save_that_damages_its_target_keeps_the_previous_checkpoint(
+def test_a_save_that_fails_halfway_keeps_the_previous_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What the subprocess test above cannot show with the safetensors installed here: safetensors 0.8 writes
-    through a temporary file of its own, so its failures never touch the target, but the versions before it
-    (``safetensors>=0.4`` allows them) truncated the target first and left it half-written. Such a writer is
-    stood in for here; save_checkpoint must still keep the previous checkpoint."""
+    """A disk that fills while the file is written: part of it is written, then the write fails. The previous
+    checkpoint stays as it was and nothing else is left (the file is written beside it, then renamed)."""
     path = tmp_path / "m.safetensors"
     model = Enhancer(get_config("tiny"))
     save_checkpoint(path, model, "tiny")
     before = path.read_bytes()
+    real_open = open
 
-    def truncating_writer(tensors, filename, metadata=None):  # pre-0.8 safetensors on a full disk
-        Path(filename).write_bytes(b"half")
-        raise OSError("disk full")
+    class FullDisk:
+        def __init__(self, name: str, mode: str) -> None:
+            self.f = real_open(name, mode)
 
-    monkeypatch.setattr(safetensors.torch, "save_file", truncating_writer)
+        def __enter__(self) -> FullDisk:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.f.close()
+
+        def write(self, data: bytes) -> int:
+            self.f.write(data[: len(data) // 2])
+            raise OSError("disk full")
+
+    monkeypatch.setattr("models.checkpoint.open", FullDisk, raising=False)
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(path, model, "tiny")
     assert path.read_bytes() == before
@@ -256,3 +265,30 @@ def test_a_config_that_cannot_be_built_is_a_checkpoint_error(
     _forge_config(path, edit)
     with pytest.raises(CheckpointError, match=f"config not understood.*{says}"):
         load_checkpoint(path)
+
+
+def test_the_same_model_saved_in_two_processes_gives_the_same_bytes(tmp_path: Path) -> None:
+    """safetensors wrote the metadata in a per-process hash order: equal runs' checkpoints hashed differently."""
+    torch.manual_seed(0)
+    save_checkpoint(
+        tmp_path / "m.safetensors", Enhancer(get_config("tiny")), "tiny", training={"b": 1, "a": 2}
+    )
+    code = (
+        "import sys; from models import load_checkpoint, save_checkpoint; ck = load_checkpoint(sys.argv[1]); "
+        "save_checkpoint(sys.argv[2], ck.model, ck.name, ck.training)"
+    )
+    for i in range(3):
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                code,
+                str(tmp_path / "m.safetensors"),
+                str(tmp_path / f"again{i}.safetensors"),
+            ],
+            cwd=ROOT,
+            check=True,
+        )
+    first = (tmp_path / "m.safetensors").read_bytes()
+    assert all((tmp_path / f"again{i}.safetensors").read_bytes() == first for i in range(3))
+    assert load_checkpoint(tmp_path / "again0.safetensors").training == {"b": 1, "a": 2}
