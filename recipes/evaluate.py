@@ -183,6 +183,11 @@ def left_out(result: dict[str, Any]) -> str:
     """What the table does not cover, under it: files skipped while scoring, and files that paired with nothing
     (they were only printed, so a report could lose files without saying so)."""
     text = ""
+    if result.get("interrupted"):
+        text += (
+            f"\n**Interrupted**: {result['n_evaluated']} of the {result['n_pairs']} pairs were scored before "
+            "it; the table covers those.\n"
+        )
     skipped = result.get("skipped") or []
     if skipped:
         text += f"\nSkipped while scoring ({len(skipped)} file(s)):\n\n"
@@ -201,6 +206,15 @@ def left_out(result: dict[str, Any]) -> str:
             f"- {f['name']}, {f['system']}: {', '.join(f['metrics'])}: {f['reason']}\n" for f in failed
         )
     return text
+
+
+class EvaluationInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`evaluate`, after the reports of the pairs scored before it were written (none when no
+    pair was): ``result`` is what they hold, with ``"interrupted": True``."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        super().__init__()
+        self.result = result
 
 
 def evaluate(
@@ -236,8 +250,15 @@ def evaluate(
     start = time.perf_counter()
     was_training = model.training
     model.eval()
+    interrupted = False
+    every = max(1, len(selected) // 20)  # without a terminal (a batch job's log): a line every 5 %
     try:
-        for pair in tqdm(selected, desc="evaluate", unit="file", disable=not show, file=sys.stderr):
+        for done, pair in enumerate(
+            tqdm(selected, desc="evaluate", unit="file", disable=not show, file=sys.stderr)
+        ):
+            if not show and log is not None and done and done % every == 0:
+                per = (time.perf_counter() - start) / done
+                log(f"evaluate: {done}/{len(selected)} pairs, {per:.1f} s per pair")
             try:
                 scores, file_notes, mismatch, reasons = score_pair(model, pair, scorer)
             except EnhanceError as exc:
@@ -249,7 +270,7 @@ def evaluate(
                 mismatched.append({"name": pair.name, "reason": mismatch})
                 if log is not None:
                     log(f"warning: {pair.name}: {mismatch}; scored on the shorter side's length")
-            rows.extend({"name": pair.name, "system": s, **scores[s]} for s in SYSTEMS)
+            rows.extend({"name": pair.name, "system": s, **scores[s]} for s in SYSTEMS)  # whole pairs only
             for system in SYSTEMS:  # n_failed counted them without a name or a reason
                 nan = [k for k in computed if not math.isfinite(scores[system][k])]
                 if nan:
@@ -262,6 +283,8 @@ def evaluate(
                             f"{reasons[system]}"
                         )
             notes = {k: notes[k] + file_notes[k] for k in notes}
+    except KeyboardInterrupt:  # the pairs scored so far are reported (after an hour of DNSMOS nothing was)
+        interrupted = True
     finally:
         model.train(was_training)
     result: dict[str, Any] = {
@@ -272,6 +295,7 @@ def evaluate(
         "unpaired": list(unpaired),
         "length_mismatched": mismatched,
         "failed": failed,
+        "interrupted": interrupted,
         "dnsmos": scorer is not None,
         "files_converted": notes,
         "elapsed_s": round(time.perf_counter() - start, 3),
@@ -281,6 +305,8 @@ def evaluate(
     # nothing scored: the folder's earlier reports stay (they were replaced by empty ones)
     if result["n_evaluated"]:
         write_outputs(Path(out_dir), rows, result)
+    if interrupted:
+        raise EvaluationInterrupted(result)
     return result
 
 
@@ -339,7 +365,7 @@ def load_model(args: argparse.Namespace) -> Enhancer:
     return model.to(device).eval()
 
 
-@on_interrupt("tim-evaluate", "nothing was written (the tables are written at the end)")
+@on_interrupt("tim-evaluate", "nothing was written")
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns 0 on success, 1 if no file could be evaluated, 2 on bad input."""
     args = build_parser().parse_args(argv)
@@ -383,6 +409,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             unpaired=found.warnings,
             settings=settings,
         )
+    except EvaluationInterrupted as stop:
+        done = stop.result["n_evaluated"]
+        kept = (
+            f"{args.out} holds the reports of the {done} of {stop.result['n_pairs']} pairs scored before it"
+            if done
+            else "nothing was written (no pair was scored yet)"
+        )
+        print(f"tim-evaluate: interrupted; {kept}", file=sys.stderr)
+        return 130
     except OSError as exc:  # the tables could not be written (a full disk): say so in one line
         _stderr(f"error: {exc}")
         return 1
