@@ -43,10 +43,9 @@ so one backend can serve many streams, also from several threads at once (tested
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from enhance.step_backend import StepBackend
 from models.enhancer import Enhancer, expect_enhancer
 from models.static_step import unsupported
 
@@ -102,7 +101,7 @@ def _native_ready(model: Enhancer) -> bool:
     return True
 
 
-def streaming_backend(model: Enhancer, name: str = "auto", threads: int = 1) -> Any | None:
+def streaming_backend(model: Enhancer, name: str = "auto", threads: int = 1) -> StepBackend | None:
     """The backend object for :class:`enhance.streaming.StreamingEnhancer` (None: PyTorch). ``threads``:
     onnxruntime's intra-op threads (TorchScript follows ``torch.set_num_threads``)."""
     kind = resolve_backend(model, name)

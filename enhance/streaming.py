@@ -32,6 +32,7 @@ import torch
 
 from enhance.audio_io import MAX_CHANNELS, sample_layout_error, sample_value_error
 from enhance.dc_blocker import DCState, block_dc
+from enhance.step_backend import FrameBackend, StepBackend
 from enhance.stft import analysis_frames, apply_magnitude, log_magnitude, overlap_add, synthesis_frames
 from models.enhancer import Enhancer, expect_enhancer
 
@@ -46,7 +47,7 @@ class StreamState:
     dc: DCState  # the DC blocker's memory
     # [C, <= lookahead, F] noisy spectra waiting for their output frame (the C path: [C, F] complex64, one slot)
     spectra: torch.Tensor | np.ndarray | None = None
-    model: Any = None  # the backend's state: EnhancerState (PyTorch), FixedState or NativeState
+    model: Any = None  # the backend's state (enhance.step_backend.BackendState): EnhancerState, FixedState or NativeState
     tail: np.ndarray | None = None  # [C, win - hop] overlap-add tail of the last output frame
     received: int = 0  # input samples received
     emitted: int = 0  # output samples returned
@@ -55,7 +56,11 @@ class StreamState:
 
 class StreamingEnhancer:
     def __init__(
-        self, model: Enhancer, channels: int = 1, with_competition: bool = False, backend: Any = None
+        self,
+        model: Enhancer,
+        channels: int = 1,
+        with_competition: bool = False,
+        backend: StepBackend | None = None,
     ) -> None:
         """``backend``: None runs ``model.step`` (PyTorch); :class:`enhance.fixed_step.TracedStepper` (TorchScript)
         or :class:`enhance.onnx_backend.OnnxStepper` (onnxruntime) run the fixed-shape step, and
@@ -75,12 +80,12 @@ class StreamingEnhancer:
                 "backend was made for another model: make it from this one (streaming_backend(model))"
             )
         self.model, self.with_competition = model, with_competition  # its mode is its owner's (Enhancer.step)
-        self.backend = backend if backend is not None else model
+        self.backend: StepBackend = backend if backend is not None else model
         self.cfg = model.cfg.stft
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.channels = int(channels)
-        self._run_frames = getattr(self.backend, "run_frames", None)
+        self._run_frames = self.backend.run_frames if isinstance(self.backend, FrameBackend) else None
         self.state = self._new_state()
         # competition scores of the frames output by the last process()/flush() call: per TIM layer [C, m, n_s]
         self.last_competition: list[np.ndarray] = []
