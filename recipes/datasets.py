@@ -26,7 +26,7 @@ from enhance.atomic_files import atomic_path
 from enhance.audio_io import AudioError, fs_path, load_audio, load_mono_16k, resample
 from recipes.audio_pool import SILENCE_PEAK, AudioPool, Skipped, content_fingerprint, list_audio, scan
 from recipes.mixing import MixingConfig, MixingDataset, mix
-from recipes.paired import PairedDataset
+from recipes.paired_crops import PairedDataset
 from recipes.pairs import length_problem
 
 log = logging.getLogger(__name__)

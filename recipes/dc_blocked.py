@@ -18,7 +18,7 @@ import torch
 from enhance.dc_blocker import remove_dc
 from enhance.stft import STFTConfig
 from recipes.mixing import MixingDataset
-from recipes.paired import PairedDataset
+from recipes.paired_crops import PairedDataset
 
 # the engines filter in hop-aligned blocks: the same samples as they give the model
 HOP = STFTConfig().hop_length

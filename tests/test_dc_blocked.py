@@ -18,7 +18,7 @@ from recipes.audio_pool import list_audio, scan
 from recipes.datasets import DataConfig, ValPair
 from recipes.dc_blocked import DCBlockedDataset, dc_blocked
 from recipes.metrics import si_sdr
-from recipes.paired import PairedDataset
+from recipes.paired_crops import PairedDataset
 from recipes.trainer import RunConfig, saved_run_config, validate
 from tests.conftest import speech_like
 
