@@ -51,7 +51,7 @@ from enhance.audio_io import (
 )
 from enhance.backends import BACKENDS, REDUCED_PRECISION, streaming_backend
 from enhance.device import inference_device
-from enhance.files import FileResult, enhance_bytes, enhance_file, new_output
+from enhance.files import FileOptions, FileResult, enhance_bytes, enhance_file, new_output
 from enhance.pcm import PCM_FORMATS
 from enhance.pipe import stream_pcm
 from enhance.stop_signals import PendingStop, interrupted, quiet_stops, terminated
@@ -304,7 +304,13 @@ def run_one(
                 frames=n,
                 wall_seconds=time.perf_counter() - t0,
             )
-        stream_block = ck.config.stft.hop_length if args.stream else None
+        options = FileOptions(
+            block_seconds=args.chunk_seconds,
+            stream_block=ck.config.stft.hop_length if args.stream else None,
+            with_competition=want_maps,
+            backend=backend,
+            high_band=args.high_band == "gate",
+        )
         if dst != "-" and src != "-" and not pipe_in and not pipe_out:
             result = enhance_file(
                 ck.model,
@@ -313,12 +319,8 @@ def run_one(
                 overwrite=args.overwrite,
                 out_format=args.format,
                 out_subtype=args.subtype,
-                block_seconds=args.chunk_seconds,
-                stream_block=stream_block,
-                with_competition=want_maps,
+                options=options,
                 on_progress=progress.update,
-                backend=backend,
-                high_band=args.high_band == "gate",
             )
             if want_maps:
                 write_competition(map_path, result, ck, src)
@@ -349,12 +351,8 @@ def run_one(
             name="<stdin>" if src == "-" else src,
             out_format=fmt,
             out_subtype=args.subtype or implied,
-            block_seconds=args.chunk_seconds,
-            stream_block=stream_block,
-            with_competition=want_maps,
+            options=options,
             on_progress=PendingStop.check,  # a stop signal lost in libsndfile's read callback: raised again
-            backend=backend,
-            high_band=args.high_band == "gate",
         )
         PendingStop.check()  # before anything is written
         if dst == "-":

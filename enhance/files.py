@@ -48,10 +48,27 @@ from enhance.audio_io import (
     short_reason,
 )
 from enhance.rate_bridge import RateBridge
+from enhance.step_backend import StepBackend
 from enhance.streaming import StreamingEnhancer
 from models.enhancer import Enhancer
 
 BLOCK_SECONDS = 10.0  # default audio per read and per model pass
+
+
+@dataclass(frozen=True)
+class FileOptions:
+    """How a file is enhanced (the output's format and name apart): ``block_seconds`` of audio per read and model
+    pass; ``stream_block`` (samples at 16 kHz) instead feeds the streaming engine that many samples at a time, as
+    a live stream would (every block size gives the same samples, tested); ``with_competition``: keep the maps;
+    ``backend``: the streaming engine's (:func:`enhance.backends.streaming_backend`; None: PyTorch);
+    ``high_band``: above 16 kHz, keep the input's band above 8 kHz, gated by the model's gain near 8 kHz
+    (:mod:`enhance.high_band`); False: the output holds the 16 kHz model's band only."""
+
+    block_seconds: float = BLOCK_SECONDS
+    stream_block: int | None = None
+    with_competition: bool = False
+    backend: StepBackend | None = None
+    high_band: bool = True
 
 
 @dataclass
@@ -126,22 +143,14 @@ def enhance_stream(
     name: str,
     out_format: str | None = None,
     out_subtype: str | None = None,
-    block_seconds: float = BLOCK_SECONDS,
-    stream_block: int | None = None,
-    with_competition: bool = False,
+    options: FileOptions = FileOptions(),
     on_progress: Callable[[int], None] | None = None,
-    backend: Any = None,
-    high_band: bool = True,
 ) -> FileResult:
-    """Enhance the audio of ``src`` into ``dst`` (both paths or file objects). Raises :class:`AudioError`.
-
-    The model runs on blocks of ``block_seconds``; ``stream_block`` (samples at 16 kHz) instead feeds the engine
-    that many samples at a time, as a live stream would. Every block size gives the same samples (tested).
-    ``backend``: the streaming engine's (:func:`enhance.backends.streaming_backend`; None: PyTorch).
-    ``high_band``: above 16 kHz, keep the input's band above 8 kHz, gated by the model's gain near 8 kHz
-    (:mod:`enhance.high_band`); False: the output holds the 16 kHz model's band only.
-    """
+    """Enhance the audio of ``src`` into ``dst`` (both paths or file objects) as ``options`` say. Raises
+    :class:`AudioError`. ``on_progress``: called with the frames of each block read."""
     t0 = time.perf_counter()
+    block_seconds, stream_block = options.block_seconds, options.stream_block
+    with_competition, backend, high_band = options.with_competition, options.backend, options.high_band
     check_readable(fs_path(src), name)
     try:
         fin = open_audio(fs_path(src))
@@ -314,7 +323,8 @@ def enhance_file(
     overwrite: bool = False,
     out_format: str | None = None,
     out_subtype: str | None = None,
-    **kwargs: Any,
+    options: FileOptions = FileOptions(),
+    on_progress: Callable[[int], None] | None = None,
 ) -> FileResult:
     """Enhance file ``src`` into file ``dst`` atomically; refuses to overwrite unless asked, never the input.
     ``out_format``: the container (default: from ``dst``'s extension)."""
@@ -338,20 +348,43 @@ def enhance_file(
             fmt = "WAVEX"
     with new_output(dst_p, overwrite) as tmp:
         result = enhance_stream(
-            model, str(src_p), tmp, name=str(src), out_format=fmt, out_subtype=out_subtype, **kwargs
+            model,
+            str(src_p),
+            tmp,
+            name=str(src),
+            out_format=fmt,
+            out_subtype=out_subtype,
+            options=options,
+            on_progress=on_progress,
         )
     result.output = str(dst_p)
     return result
 
 
 def enhance_bytes(
-    model: Enhancer, data: bytes, *, name: str = "<stdin>", out_format: str = "WAV", **kwargs: Any
+    model: Enhancer,
+    data: bytes,
+    *,
+    name: str = "<stdin>",
+    out_format: str = "WAV",
+    out_subtype: str | None = None,
+    options: FileOptions = FileOptions(),
+    on_progress: Callable[[int], None] | None = None,
 ) -> tuple[bytes, FileResult]:
     """Enhance an encoded file held in memory; returns the encoded result."""
     if not data:
         raise AudioError(f"{name}: empty input (0 bytes)")
     out = io.BytesIO()
-    result = enhance_stream(model, io.BytesIO(data), out, name=name, out_format=out_format, **kwargs)
+    result = enhance_stream(
+        model,
+        io.BytesIO(data),
+        out,
+        name=name,
+        out_format=out_format,
+        out_subtype=out_subtype,
+        options=options,
+        on_progress=on_progress,
+    )
     return out.getvalue(), result
 
 

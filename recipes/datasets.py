@@ -48,6 +48,9 @@ class DataConfig:
     # fraction of files held out for validation mixes when there are no val_pairs (at most val_examples files)
     val_holdout: float = 0.05
     val_examples: int = 64
+    # validation mixes spread over the held-out files, and no more files held out than they use (False: the
+    # first val_examples segments, a few files, and val_holdout of the files, as runs saved before session 36)
+    val_spread: bool = True
     voicebank_trainset: str = "28spk"
     voicebank_val_speakers: tuple[str, ...] = VOICEBANK_VAL_SPEAKERS
     cache_dir: str | None = None  # where VoiceBank is resampled to 16 kHz (default ~/.cache/tim-enhance)
@@ -159,9 +162,10 @@ def _mixing(
     else:
         # at most as many files as the validation mixes can use: 5 % of DNS's 60,000 clean files took 25 h out of
         # training for 64 mixes
-        train_speech, val_speech = split_pool(speech, cfg.val_holdout, seed, "speech", cfg.val_examples)
-        train_noise, val_noise = split_pool(noise, cfg.val_holdout, seed, "noise", cfg.val_examples)
-        val = fixed_mixes(val_speech, val_noise, cfg.mixing, cfg.val_examples, seed)
+        most = cfg.val_examples if cfg.val_spread else None
+        train_speech, val_speech = split_pool(speech, cfg.val_holdout, seed, "speech", most)
+        train_noise, val_noise = split_pool(noise, cfg.val_holdout, seed, "noise", most)
+        val = fixed_mixes(val_speech, val_noise, cfg.mixing, cfg.val_examples, seed, cfg.val_spread)
     # decoded once here (below 2 GiB each), shared by the loader's forked workers: examples then cost no
     # decoding, which matters for compressed copies (recipes.compact_corpus) and fast GPUs
     for pool in (train_speech, train_noise):
@@ -198,7 +202,7 @@ def split_pool(
 
 
 def fixed_mixes(
-    speech: AudioPool, noise: AudioPool, mixing: MixingConfig, n: int, seed: int
+    speech: AudioPool, noise: AudioPool, mixing: MixingConfig, n: int, seed: int, spread: bool = True
 ) -> list[ValPair]:
     """A fixed validation set: ``n`` segments of held-out speech, spread evenly over the held-out files, mixed with
     held-out noise (own seed). The first ``n`` segments were taken: the first few files by name (8 files of
@@ -206,7 +210,8 @@ def fixed_mixes(
     # one pass: repeats is a training-speed setting and must not change (or pad) the validation set
     ds = MixingDataset(speech, noise, dataclasses.replace(mixing, repeats=1), seed=seed + 7919)
     out = []
-    picks = np.unique(np.linspace(0, len(ds) - 1, min(n, len(ds))).round().astype(int))
+    count = min(n, len(ds))
+    picks = np.unique(np.linspace(0, len(ds) - 1, count).round().astype(int)) if spread else np.arange(count)
     for i in (int(k) for k in picks):
         noisy, clean = ds[(0, i)]
         out.append(ValPair(f"val_{i:04d}", noisy.numpy(), clean.numpy()))

@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     if result and int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(result))
-    if stop.reason == SIGTERM_REASON:
+    if result.get("stopped") == SIGTERM_REASON:  # not a run that ended while the stop waited for it
         print(
             f"tim-train: terminated; `--out {args.out} --resume` continues from where it stopped",
             file=sys.stderr,
@@ -351,11 +351,13 @@ SIGTERM_REASON = "SIGTERM"
 
 
 def _stop_on_sigterm(stop: StopRequest) -> Any:
-    """SIGTERM (a batch scheduler's stop, ``kill``): the run stops at the next step with its state saved there;
-    a second one stops at once (exit 143; the last saved state stays). Returns the handler it replaced."""
+    """SIGTERM (a batch scheduler's stop, ``kill``): once training has started, the run stops at the next step
+    with its state saved there; before (the data being scanned), and at a second one, it stops at once (exit
+    143; the last saved state stays). Returns the handler it replaced."""
 
     def handler(signum: int, frame: Any) -> None:
-        if stop.reason is not None:
+        if stop.reason is not None or not stop.armed:
+            print("tim-train: terminated", file=sys.stderr)
             raise SystemExit(128 + signum)
         stop.reason = SIGTERM_REASON
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 import sys
@@ -45,6 +46,8 @@ from recipes.dc_blocked import DCBlockedDataset, dc_blocked
 from recipes.ema import WeightEMA
 from recipes.metrics import si_sdr
 from recipes.pmsqe import PMSQE
+
+log = logging.getLogger(__name__)
 
 # TrainConfig.select_by: the validation column each choice reads
 SELECT_BY = {"loss": "val_loss", "pmsqe": "val_pmsqe"}
@@ -145,8 +148,9 @@ class RunConfig:
 
 
 # settings added to RunConfig after runs were saved without them, with the value that reproduces what those runs
-# did (not the new default): DataConfig.dc_blocker (session 26; runs before it trained on unfiltered audio)
-LEGACY_DATA = {"dc_blocker": False}
+# did (not the new default): DataConfig.dc_blocker (session 26; runs before it trained on unfiltered audio),
+# DataConfig.val_spread (session 36; runs before it validated on the first segments of the held-out files)
+LEGACY_DATA = {"dc_blocker": False, "val_spread": False}
 
 
 def saved_run_config(raw: dict[str, Any]) -> RunConfig:
@@ -323,6 +327,13 @@ def validate(
         est = rebuild(pred, spec, model.cfg.stft, noisy.shape[-1])
         sdrs.append(si_sdr(p.clean, est[0].cpu().numpy()))
     model.train(was_training)
+    silent = sum(not math.isfinite(v) for v in sdrs)
+    if silent:  # left out of val_si_sdr's mean (undefined there), which would flatter a model that mutes
+        log.warning(
+            "validation: %d of %d outputs are silent (all zeros): SI-SDR undefined, left out of val_si_sdr",
+            silent,
+            len(sdrs),
+        )
     return {
         "val_loss": float(np.mean(losses)),
         "val_si_sdr": float(np.nanmean(sdrs)) if sdrs else math.nan,
@@ -333,9 +344,12 @@ def validate(
 @dataclass
 class StopRequest:
     """A request to stop at the next step, with the state saved there (``tim-train`` sets it on SIGTERM, as batch
-    schedulers stop jobs: the steps since the last periodic save were lost). ``reason`` None: go on."""
+    schedulers stop jobs: the steps since the last periodic save were lost). ``reason`` None: go on. ``armed``:
+    training has started (set by :meth:`Trainer.fit`); before, while the data is scanned, there is nothing to
+    save and a stop should not wait."""
 
     reason: str | None = None
+    armed: bool = False
 
 
 class Trainer:
@@ -416,7 +430,8 @@ class Trainer:
         what = (
             f"then: {then}; now: {now}"
             if then != now
-            else f"{now}, as then, but files were renamed, replaced or edited"
+            else f"{now}, as then, but files were renamed, replaced or edited, or this version of the recipes "
+            "picks them differently (links to listed files are used once since session 36)"
         )
         raise ValueError(
             f"--resume: the data changed since the run started ({what}), so it cannot continue exactly; "
@@ -586,6 +601,7 @@ class Trainer:
 
     def _fit(self) -> dict[str, Any]:
         cfg = self.cfg.train
+        self.stop.armed = True
         if self.dist.is_main:
             print(
                 f"[train] {cfg.model}: {self.data.description}; device {self.device}, world {self.dist.world}",

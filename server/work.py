@@ -19,7 +19,7 @@ import soundfile as sf
 
 from enhance.audio_io import AudioError, AudioInfo, codec_error, rate_range_error, read_info
 from enhance.competition_map import entropy, frame_times, save_competition_map
-from enhance.files import FileResult, enhance_bytes
+from enhance.files import FileOptions, FileResult, enhance_bytes
 from server.audio import OUTPUT_FORMATS, file_rms_dbfs
 from server.errors import ApiError, without_paths
 from server.jobs import Job
@@ -109,9 +109,8 @@ def _enhance(
             name=name,
             out_format=out_format,
             out_subtype=out_subtype,
-            with_competition=with_competition,
+            options=FileOptions(with_competition=with_competition, high_band=high_band),
             on_progress=progress,
-            high_band=high_band,
         )
     except (AudioError, ValueError, sf.LibsndfileError) as exc:
         raise ApiError(422, "invalid_audio", _reason(exc, name)) from None

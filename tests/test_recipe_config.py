@@ -164,3 +164,26 @@ def test_a_truncated_training_state_is_a_clear_error(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes()[:500])
     with pytest.raises(ValueError, match=r"state.pt: unreadable training state"):
         run_folder.load_state(path)
+
+
+def test_sigterm_before_training_stops_at_once_and_during_it_at_the_next_step() -> None:
+    """The deferred stop made a SIGTERM during the data scan (minutes on DNS) wait for the scan; a second one,
+    or one before training starts, stops at once (exit 143)."""
+    import signal
+
+    from recipes.train import SIGTERM_REASON, _stop_on_sigterm
+    from recipes.trainer import StopRequest
+
+    stop = StopRequest()
+    previous = _stop_on_sigterm(stop)
+    try:
+        with pytest.raises(SystemExit) as exc:  # the data is being scanned: nothing to save
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert exc.value.code == 143 and stop.reason is None
+        stop.armed = True  # training started (Trainer.fit)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.reason == SIGTERM_REASON  # the trainer stops at its next step
+        with pytest.raises(SystemExit):  # a second one does not wait
+            os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -49,6 +49,18 @@ def test_validation_mixes_spread_over_the_held_out_files_and_take_no_more_files_
     assert data.description.startswith("34 speech files"), data.description
     used = {_source(pair.clean, freqs) for pair in data.val}
     assert len(data.val) == 6 and len(used) == 6, used  # one mix per held-out file (the first 2 files before)
+    # a run saved before (no val_spread in its config) resumes with the validation set it had: the first 6
+    # segments, of 2 files, and half of the files held out
+    from models.config_io import to_dict
+    from recipes.trainer import RunConfig, saved_run_config
+
+    raw = to_dict(RunConfig(data=cfg))
+    del raw["data"]["val_spread"]
+    old = saved_run_config(raw).data
+    assert old.val_spread is False
+    before = build(old, seed=0)
+    assert before.description.startswith("20 speech files"), before.description
+    assert len({_source(pair.clean, freqs) for pair in before.val}) == 2
 
 
 def test_a_link_to_a_listed_file_is_used_once(tmp_path: Path) -> None:
