@@ -28,9 +28,9 @@ from enhance.offline import enhance_waveform
 from enhance.stft import stft
 from models.checkpoint import load_checkpoint
 from recipes.datasets import load_val_pairs
+from recipes.losses import loss_fn
 from recipes.metrics import pesq_wb
 from recipes.pmsqe import PMSQE
-from recipes.trainer import loss_fn
 
 BANDS_HZ = (0, 250, 500, 1000, 2000, 4000, 8001)
 

@@ -6,7 +6,7 @@ With ``DataConfig.dc_blocker`` on (the default for new runs), each training exam
 through the same blocker, from the segment's first sample as the product filters a file from its first (so a
 crop from inside a file with an offset starts with the blocker's 30-ms settling, which the product has only at
 the start of a file). The blocker is linear, so the filtered mixture is still the filtered speech plus the
-filtered noise, and the target is what the network can reach from its input. Validation (``recipes.trainer.validate``) filters its noisy input the
+filtered noise, and the target is what the network can reach from its input. Validation (``recipes.validation.validate``) filters its noisy input the
 same way; its SI-SDR is measured against the unfiltered clean file, as ``recipes.evaluate`` measures it.
 """
 

@@ -14,9 +14,7 @@ global batch (so the global batch stays ``batch_size``), gradients are averaged 
 
 from __future__ import annotations
 
-import functools
 import json
-import logging
 import math
 import os
 import sys
@@ -27,27 +25,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-import numpy as np
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from enhance.device import usable_device
-from enhance.stft import linear_magnitude, log_magnitude, rebuild, stft
 from models.checkpoint import load_checkpoint, load_state_strict, save_checkpoint
 from models.config_io import from_dict, to_dict
 from models.enhancer import Enhancer
 from models.registry import get_config
 from recipes import run_folder
 from recipes.bcd import BCD, BCDConfig
-from recipes.datasets import DataConfig, RecipeData, ValPair, build, collate, describe_skipped
-from recipes.dc_blocked import DCBlockedDataset, dc_blocked
+from recipes.datasets import DataConfig, RecipeData, build, collate, describe_skipped
+from recipes.dc_blocked import DCBlockedDataset
+from recipes.distributed import Distributed, EpochBatches, cfg_seed_for, pick_device
 from recipes.ema import WeightEMA
-from recipes.metrics import si_sdr
-from recipes.pmsqe import PMSQE
-
-log = logging.getLogger(__name__)
+from recipes.losses import loss_fn
+from recipes.validation import validate
 
 # TrainConfig.select_by: the validation column each choice reads
 SELECT_BY = {"loss": "val_loss", "pmsqe": "val_pmsqe"}
@@ -173,172 +165,9 @@ class Position:
     compute_seconds: float = 0.0
 
 
-class Distributed:
-    """Rank/world of this process; a no-op single process unless launched by torchrun."""
-
-    def __init__(self) -> None:
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.active = self.world > 1
-
-    def init(self, device: torch.device) -> None:
-        if self.active and not dist.is_initialized():
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def mean(self, value: float, device: torch.device) -> float:
-        """Mean of ``value`` over all processes (the global batch's loss from the per-rank losses)."""
-        if not self.active:
-            return value
-        t = torch.tensor([value], dtype=torch.float64, device=device)
-        dist.all_reduce(t)
-        return float(t.item()) / self.world
-
-    def broadcast_float(self, value: float, device: torch.device) -> float:
-        if not self.active:
-            return value
-        t = torch.tensor([value], dtype=torch.float64, device=device)
-        dist.broadcast(t, src=0)
-        return float(t.item())
-
-    def barrier(self) -> None:
-        if self.active:
-            dist.barrier()
-
-    def gather_bytes(self, data: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
-        """Every rank's uint8 tensor of the same length (as CPU tensors, in rank order), to all ranks; through a
-        tensor collective on ``device``, which NCCL needs (object collectives want a current CUDA device)."""
-        if not self.active:
-            return [data]
-        local = data.to(device)
-        out = [torch.empty_like(local) for _ in range(self.world)]
-        dist.all_gather(out, local)
-        return [t.cpu() for t in out]
-
-
-def cfg_seed_for(seed: int, rank: int, step: int) -> int:
-    return (seed * 1_000_003 + rank * 7919 + step) % (2**63)
-
-
-def pick_device(name: str, local_rank: int) -> torch.device:
-    """The training device (:func:`enhance.device.usable_device`, with ``auto``); ``auto`` and ``cuda`` mean this
-    process's own GPU under torchrun (``cuda:LOCAL_RANK``)."""
-    device = usable_device(name, auto=True)
-    if device.type == "cuda" and device.index is None:
-        return usable_device(f"cuda:{local_rank}")
-    return device
-
-
-class EpochBatches:
-    """Batches of ``(epoch, index)`` keys for steps ``start .. n_steps-1`` of one epoch (this rank's share)."""
-
-    def __init__(
-        self, order: np.ndarray, epoch: int, batch: int, start: int, n_steps: int, rank: int, world: int
-    ):
-        self.order, self.epoch, self.batch = order, epoch, batch
-        self.start, self.n_steps, self.rank, self.world = start, n_steps, rank, world
-
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        for step in range(self.start, self.n_steps):
-            keys = self.order[step * self.batch : (step + 1) * self.batch][self.rank :: self.world]
-            yield [(self.epoch, int(i)) for i in keys]
-
-    def __len__(self) -> int:
-        return max(0, self.n_steps - self.start)
-
-
 def steps_per_epoch(n_examples: int, cfg: TrainConfig) -> int:
     n = max(1, n_examples // cfg.batch_size)
     return min(n, cfg.max_steps_per_epoch) if cfg.max_steps_per_epoch else n
-
-
-def loss_fn(
-    model: torch.nn.Module,
-    noisy: torch.Tensor,
-    clean: torch.Tensor,
-    amp: bool,
-    low_level_weight: float = 0.0,
-    low_level_floor: float = 0.01,
-    over_weight: float = 0.0,
-    pmsqe_weight: float = 0.0,
-    pmsqe_as_pesq: bool = False,
-) -> torch.Tensor:
-    """MSE between predicted and clean log1p magnitudes (the paper's objective), asymmetric when ``over_weight``
-    is set, plus the optional low-level and PMSQE terms of :class:`TrainConfig` (``low_level_weight``,
-    ``pmsqe_weight``)."""
-    core = model.module if isinstance(model, DistributedDataParallel) else model
-    assert isinstance(core, Enhancer)
-    stft_cfg = core.cfg.stft
-    x = log_magnitude(stft(noisy, stft_cfg))
-    y = log_magnitude(stft(clean, stft_cfg))
-    with torch.autocast(device_type=noisy.device.type, dtype=torch.bfloat16, enabled=amp):
-        pred = model(x).log_mag.float()
-    if over_weight > 0:  # residual noise (prediction above the target) weighs 1 + over_weight
-        err = pred - y
-        loss = ((1.0 + over_weight * (err > 0).float()) * err**2).mean()
-    else:
-        loss = F.mse_loss(pred, y)
-    if low_level_weight > 0:
-        mag, target = linear_magnitude(pred), linear_magnitude(y)
-        low = F.mse_loss(torch.log(mag + low_level_floor), torch.log(target + low_level_floor))
-        loss = loss + low_level_weight * low
-    if pmsqe_weight > 0:
-        loss = loss + pmsqe_weight * pmsqe_of(pred, y, pmsqe_as_pesq).mean()
-    return loss
-
-
-def pmsqe_of(pred: torch.Tensor, target: torch.Tensor, as_pesq: bool = False) -> torch.Tensor:
-    """[batch] PMSQE of predicted against clean ``log1p`` magnitudes, on the magnitudes the waveform is rebuilt
-    from."""
-    return _pmsqe(pred.device, as_pesq)(linear_magnitude(pred) ** 2, linear_magnitude(target) ** 2)
-
-
-@functools.lru_cache(maxsize=4)
-def _pmsqe(device: torch.device, as_pesq: bool = False) -> PMSQE:
-    """One PMSQE module (its band tables) per device and variant, built on first use."""
-    return PMSQE(as_pesq=as_pesq).to(device)
-
-
-@torch.no_grad()
-def validate(
-    model: Enhancer, pairs: list[ValPair], device: torch.device, dc_blocker: bool = False
-) -> dict[str, float]:
-    """Mean per-file log-magnitude MSE, SI-SDR (dB, enhanced vs clean) and PMSQE (recipes.pmsqe, a PESQ-like
-    disturbance: lower is better) over the validation pairs. ``dc_blocker`` (``DataConfig.dc_blocker``): the noisy
-    input goes through the product's DC blocker, and the loss and PMSQE compare with the clean file through it too,
-    as training does (:mod:`recipes.dc_blocked`); SI-SDR is always against the clean file as it is, as
-    ``recipes.evaluate`` measures it."""
-    was_training = model.training
-    model.eval()
-    losses, sdrs, pmsqes = [], [], []
-    for p in pairs:
-        noisy_in, clean_ref = (dc_blocked(p.noisy), dc_blocked(p.clean)) if dc_blocker else (p.noisy, p.clean)
-        noisy = torch.from_numpy(noisy_in).to(device).unsqueeze(0)
-        clean = torch.from_numpy(clean_ref).to(device).unsqueeze(0)
-        spec = stft(noisy, model.cfg.stft)
-        pred = model(log_magnitude(spec)).log_mag
-        target = log_magnitude(stft(clean, model.cfg.stft))
-        losses.append(F.mse_loss(pred, target).item())
-        pmsqes.append(pmsqe_of(pred, target).item())
-        est = rebuild(pred, spec, model.cfg.stft, noisy.shape[-1])
-        sdrs.append(si_sdr(p.clean, est[0].cpu().numpy()))
-    model.train(was_training)
-    silent = sum(not math.isfinite(v) for v in sdrs)
-    if silent:  # left out of val_si_sdr's mean (undefined there), which would flatter a model that mutes
-        log.warning(
-            "validation: %d of %d outputs are silent (all zeros): SI-SDR undefined, left out of val_si_sdr",
-            silent,
-            len(sdrs),
-        )
-    return {
-        "val_loss": float(np.mean(losses)),
-        "val_si_sdr": float(np.nanmean(sdrs)) if sdrs else math.nan,
-        "val_pmsqe": float(np.mean(pmsqes)) if pmsqes else math.nan,
-    }
 
 
 @dataclass

@@ -19,7 +19,8 @@ from recipes.datasets import DataConfig, ValPair
 from recipes.dc_blocked import DCBlockedDataset, dc_blocked
 from recipes.metrics import si_sdr
 from recipes.paired_crops import PairedDataset
-from recipes.trainer import RunConfig, saved_run_config, validate
+from recipes.trainer import RunConfig, saved_run_config
+from recipes.validation import validate
 from tests.conftest import speech_like
 
 OFFSET = 0.1

@@ -89,8 +89,10 @@ def test_loss_adds_the_weighted_term_and_validation_reports_it() -> None:
     from models.enhancer import Enhancer
     from models.registry import get_config
     from recipes.datasets import ValPair
+    from recipes.losses import loss_fn
     from recipes.train import build_parser, resolve
-    from recipes.trainer import TrainConfig, loss_fn, validate
+    from recipes.trainer import TrainConfig
+    from recipes.validation import validate
 
     torch.manual_seed(0)
     model = Enhancer(get_config("tiny")).eval()

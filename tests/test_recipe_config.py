@@ -15,7 +15,8 @@ import torch
 from models.config_io import from_dict
 from recipes import run_folder
 from recipes.audio_pool import list_audio
-from recipes.trainer import RunConfig, pick_device
+from recipes.distributed import pick_device
+from recipes.trainer import RunConfig
 from tests.conftest import ROOT
 
 

@@ -49,7 +49,8 @@ from recipes.datasets import DataConfig, build, load_val_pairs
 from recipes.evaluate import main as evaluate_main
 from recipes.train import build_parser, resolve
 from recipes.train import main as train_main
-from recipes.trainer import RunConfig, Trainer, saved_run_config, validate
+from recipes.trainer import RunConfig, Trainer, saved_run_config
+from recipes.validation import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_FILES = ("config.json", "env.json", "metrics.csv", "best.safetensors", "last.safetensors", "state.pt")
@@ -1127,7 +1128,7 @@ def test_low_level_loss_term_adds_the_log_magnitude_error() -> None:
     from enhance.stft import log_magnitude, stft
     from models.enhancer import Enhancer
     from models.registry import get_config
-    from recipes.trainer import loss_fn
+    from recipes.losses import loss_fn
 
     torch.manual_seed(0)
     model = Enhancer(get_config("tiny")).eval()
@@ -1212,7 +1213,8 @@ def test_over_weight_counts_errors_that_leave_noise_in_more() -> None:
     from enhance.stft import log_magnitude, stft
     from models.enhancer import Enhancer
     from models.registry import get_config
-    from recipes.trainer import TrainConfig, loss_fn
+    from recipes.losses import loss_fn
+    from recipes.trainer import TrainConfig
 
     torch.manual_seed(0)
     model = Enhancer(get_config("tiny")).eval()
