@@ -525,6 +525,86 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    targets, maps = _checked_targets(parser, args)  # every usage error before the model loads
+    try:
+        ck = load_model(args)
+        # built once for all inputs, after load_model (the traced step bakes in the attenuation limit)
+        backend = (
+            streaming_backend(ck.model, args.stream_backend or "auto", threads=torch.get_num_threads())
+            if args.stream
+            else None
+        )
+    except (CheckpointError, RuntimeError, ValueError, ImportError) as exc:
+        print(f"enhance-cli: error: {exc}", file=sys.stderr)
+        return 2
+    torch.set_grad_enabled(False)
+    to_stdout = is_stdout(args.output)  # then the --json summary goes to stderr, alone
+    say = (lambda msg: None) if args.quiet or to_stdout else (lambda msg: print(msg, file=sys.stderr))
+    progress = Progress(not args.quiet)
+    if threading.current_thread() is threading.main_thread():
+        _install_stop_handlers(args.stream and "-" in args.inputs)
+    stop: BaseException | None = None
+    try:
+        results = _run_all(ck, targets, maps, args, progress, backend, say)
+    except Stopped as stopped:  # what was done, and what not, is said before the stop is raised again
+        results, stop = stopped.results, stopped.stop
+        if len(results) > 1:
+            waiting = sum(1 for r in results if r.error and r.error.endswith(": not started"))
+            last = results[len(results) - waiting - 1].input
+            print(
+                f"enhance-cli: stopped during {last}: {sum(r.ok for r in results)} of {len(results)} files "
+                f"enhanced, {waiting} not started",
+                file=sys.stderr,
+            )
+    if args.json:
+        text = json.dumps(_json_summary(args, ck, results, stop is not None), indent=2)
+        print(text, file=sys.stderr if to_stdout else sys.stdout)
+    if stop is not None:
+        raise stop
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _install_stop_handlers(pipe: bool) -> None:
+    """A kill, a hang-up or Ctrl-C unwinds the command: no temporary file is left (main restores the handlers)."""
+    handler = functools.partial(terminated, pipe=pipe)
+    signal.signal(signal.SIGTERM, handler)
+    hangup = getattr(signal, "SIGHUP", None)  # not on Windows
+    if hangup is not None and signal.getsignal(hangup) is signal.SIG_DFL:  # (nohup: stays ignored)
+        signal.signal(hangup, handler)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # (not a background job's SIG_IGN)
+        signal.signal(signal.SIGINT, interrupted)
+    sys.unraisablehook = quiet_stops
+
+
+def _json_summary(
+    args: argparse.Namespace, ck: Checkpoint, results: list[FileResult], stopped: bool
+) -> dict[str, Any]:
+    """``--json``: the model and each file's outcome."""
+    model_info: dict[str, Any] = {"name": ck.name, "training": ck.training}
+    if not args.checkpoint:  # a bundled model: its card has what was measured since its export
+        model_info["card"] = str(pretrained_path(args.model).with_suffix(".md"))
+    if isinstance(ck.training, dict) and "evaluation" in ck.training:
+        model_info["evaluation_note"] = (
+            "training.evaluation was measured when these weights were exported; the signal path may have "
+            "changed since (a bundled model's card holds later measurements)"
+        )
+    out: dict[str, Any] = {
+        "model": model_info,
+        "files": [r.summary() for r in results],
+        "ok": sum(r.ok for r in results),
+        "failed": sum(not r.ok for r in results),
+    }
+    if stopped:
+        out["stopped"] = True
+    return out
+
+
+def _checked_targets(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """The (input, output) pairs and competition-map paths the arguments ask for, with every usage error
+    (``parser.error``: exit 2) found before the model loads; normalises ``args`` (subtype, format, pipe
+    defaults) and applies ``--threads``."""
     try:
         inputs, left_out, collective = expand_inputs(args.inputs, args.output)
     except AudioError as exc:
@@ -645,68 +725,7 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         inference_device(args.device)
     except ValueError as exc:
         parser.error(str(exc))
-    try:
-        ck = load_model(args)
-        # built once for all inputs, after load_model (the traced step bakes in the attenuation limit)
-        backend = (
-            streaming_backend(ck.model, args.stream_backend or "auto", threads=torch.get_num_threads())
-            if args.stream
-            else None
-        )
-    except (CheckpointError, RuntimeError, ValueError, ImportError) as exc:
-        print(f"enhance-cli: error: {exc}", file=sys.stderr)
-        return 2
-    torch.set_grad_enabled(False)
-    to_stdout = is_stdout(args.output)  # then the --json summary goes to stderr, alone
-    say = (lambda msg: None) if args.quiet or to_stdout else (lambda msg: print(msg, file=sys.stderr))
-    progress = Progress(not args.quiet)
-    if threading.current_thread() is threading.main_thread():  # a kill unwinds too: no temporary file is left
-        handler = functools.partial(terminated, pipe=args.stream and "-" in args.inputs)
-        signal.signal(signal.SIGTERM, handler)
-        hangup = getattr(signal, "SIGHUP", None)  # not on Windows
-        if hangup is not None and signal.getsignal(hangup) is signal.SIG_DFL:  # (nohup: stays ignored)
-            signal.signal(hangup, handler)
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # (not a background job's SIG_IGN)
-            signal.signal(signal.SIGINT, interrupted)
-        sys.unraisablehook = quiet_stops
-    stop: BaseException | None = None
-    try:
-        results = _run_all(ck, targets, maps, args, progress, backend, say)
-    except Stopped as stopped:  # what was done, and what not, is said before the stop is raised again
-        results, stop = stopped.results, stopped.stop
-        if len(results) > 1:
-            waiting = sum(1 for r in results if r.error and r.error.endswith(": not started"))
-            last = results[len(results) - waiting - 1].input
-            print(
-                f"enhance-cli: stopped during {last}: {sum(r.ok for r in results)} of {len(results)} files "
-                f"enhanced, {waiting} not started",
-                file=sys.stderr,
-            )
-    if args.json:
-        model_info: dict[str, Any] = {"name": ck.name, "training": ck.training}
-        if not args.checkpoint:  # a bundled model: its card has what was measured since its export
-            model_info["card"] = str(pretrained_path(args.model).with_suffix(".md"))
-        if isinstance(ck.training, dict) and "evaluation" in ck.training:
-            model_info["evaluation_note"] = (
-                "training.evaluation was measured when these weights were exported; the signal path may have "
-                "changed since (a bundled model's card holds later measurements)"
-            )
-        out = {
-            "model": model_info,
-            "files": [r.summary() for r in results],
-            "ok": sum(r.ok for r in results),
-            "failed": sum(not r.ok for r in results),
-        }
-        if stop is not None:
-            out["stopped"] = True
-        text = json.dumps(out, indent=2)
-        if to_stdout:
-            print(text, file=sys.stderr)
-        else:
-            print(text)
-    if stop is not None:
-        raise stop
-    return 0 if all(r.ok for r in results) else 1
+    return targets, maps
 
 
 if __name__ == "__main__":

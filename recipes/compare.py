@@ -123,7 +123,8 @@ def check_settings(args: argparse.Namespace) -> None:
     }
     path = args.out / "settings.json"
     if path.is_file():
-        saved = {**LEGACY_DATA, **json.loads(path.read_text())}  # its "dc_blocker" key: only since session 26
+        # its "dc_blocker" key: only since session 26
+        saved = {"dc_blocker": LEGACY_DATA["dc_blocker"], **json.loads(path.read_text())}
         trained = any(trained_files(d) for d in args.out.iterdir() if d.is_dir())
         # the settings.json of an attempt that trained nothing (a typo in a path) is replaced below
         if saved != settings and trained:

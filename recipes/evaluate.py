@@ -232,7 +232,8 @@ def evaluate(
     no pair could be scored: the folder's earlier reports are kept).
 
     ``dnsmos`` may be a :class:`DNSMOS` instance to reuse its ONNX session across calls. ``progress`` defaults to
-    a tqdm bar when stderr is a terminal. Skipped files are passed to ``log``. The model is put in eval mode and
+    a tqdm bar when stderr is a terminal, else a ``log`` line every 5 % of the pairs (``False``: neither). Skipped
+    files are passed to ``log``. The model is put in eval mode and
     restored to its previous mode afterwards. Returns what ``summary.json`` holds, with NaN instead of null:
     ``{"summary": {"noisy": {...}, "enhanced": {...}}, "skipped": [...], "n_pairs", "n_evaluated", ...}``.
     ``unpaired``: the files the pairing left out (:func:`recipes.pairs.discover_pairs`'s warnings), recorded
@@ -252,11 +253,12 @@ def evaluate(
     model.eval()
     interrupted = False
     every = max(1, len(selected) // 20)  # without a terminal (a batch job's log): a line every 5 %
+    lines = progress is None and not show and log is not None  # (progress=False: neither bar nor lines)
     try:
         for done, pair in enumerate(
             tqdm(selected, desc="evaluate", unit="file", disable=not show, file=sys.stderr)
         ):
-            if not show and log is not None and done and done % every == 0:
+            if lines and log is not None and done and done % every == 0:
                 per = (time.perf_counter() - start) / done
                 log(f"evaluate: {done}/{len(selected)} pairs, {per:.1f} s per pair")
             try:

@@ -52,6 +52,6 @@ def validate(
         )
     return {
         "val_loss": float(np.mean(losses)),
-        "val_si_sdr": float(np.nanmean(sdrs)) if sdrs else math.nan,
+        "val_si_sdr": float(np.nanmean(sdrs)) if len(sdrs) > silent else math.nan,
         "val_pmsqe": float(np.mean(pmsqes)) if pmsqes else math.nan,
     }
