@@ -120,11 +120,14 @@ def check_settings(args: argparse.Namespace) -> None:
         # what new runs get (DataConfig.dc_blocker); runs of a comparison started before the setting (session 26)
         # resume without it, so one table must not mix the two
         "dc_blocker": bool(merged.get("data", {}).get("dc_blocker", DataConfig().dc_blocker)),
+        # likewise DataConfig.val_spread (session 36: which files validate when there are no val_pairs)
+        "val_spread": bool(merged.get("data", {}).get("val_spread", DataConfig().val_spread)),
     }
     path = args.out / "settings.json"
     if path.is_file():
-        # its "dc_blocker" key: only since session 26
-        saved = {"dc_blocker": LEGACY_DATA["dc_blocker"], **json.loads(path.read_text())}
+        # its "dc_blocker" key: only since session 26, "val_spread" since session 36
+        legacy = {k: LEGACY_DATA[k] for k in ("dc_blocker", "val_spread")}
+        saved = {**legacy, **json.loads(path.read_text())}
         trained = any(trained_files(d) for d in args.out.iterdir() if d.is_dir())
         # the settings.json of an attempt that trained nothing (a typo in a path) is replaced below
         if saved != settings and trained:

@@ -17,14 +17,17 @@ import enhance.wait_policy  # noqa: F401  (first: OpenMP reads its waiting polic
 
 # isort: split
 import argparse
+import contextlib
 import csv
 import io
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +211,23 @@ def left_out(result: dict[str, Any]) -> str:
     return text
 
 
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Ctrl-C held back until the block ends, then handled as it would have been (KeyboardInterrupt). Only in the
+    main thread, where Python runs signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if pending and callable(previous):
+            previous(signal.SIGINT, None)
+
+
 class EvaluationInterrupted(KeyboardInterrupt):
     """Ctrl-C during :func:`evaluate`, after the reports of the pairs scored before it were written (none when no
     pair was): ``result`` is what they hold, with ``"interrupted": True``."""
@@ -272,19 +292,23 @@ def evaluate(
                 mismatched.append({"name": pair.name, "reason": mismatch})
                 if log is not None:
                     log(f"warning: {pair.name}: {mismatch}; scored on the shorter side's length")
-            rows.extend({"name": pair.name, "system": s, **scores[s]} for s in SYSTEMS)  # whole pairs only
-            for system in SYSTEMS:  # n_failed counted them without a name or a reason
+            pair_failed = []  # n_failed counted them without a name or a reason
+            for system in SYSTEMS:
                 nan = [k for k in computed if not math.isfinite(scores[system][k])]
                 if nan:
-                    failed.append(
+                    pair_failed.append(
                         {"name": pair.name, "system": system, "metrics": nan, "reason": reasons[system]}
                     )
-                    if log is not None:
-                        log(
-                            f"warning: {pair.name}: {', '.join(nan)} of the {system} signal not computed: "
-                            f"{reasons[system]}"
-                        )
+            # a pair's rows, failures and notes together (a Ctrl-C between them left half a pair)
+            rows.extend({"name": pair.name, "system": s, **scores[s]} for s in SYSTEMS)
+            failed.extend(pair_failed)
             notes = {k: notes[k] + file_notes[k] for k in notes}
+            if log is not None:
+                for f in pair_failed:
+                    log(
+                        f"warning: {pair.name}: {', '.join(f['metrics'])} of the {f['system']} signal not "
+                        f"computed: {f['reason']}"
+                    )
     except KeyboardInterrupt:  # the pairs scored so far are reported (after an hour of DNSMOS nothing was)
         interrupted = True
     finally:
@@ -306,7 +330,11 @@ def evaluate(
     }
     # nothing scored: the folder's earlier reports stay (they were replaced by empty ones)
     if result["n_evaluated"]:
-        write_outputs(Path(out_dir), rows, result)
+        try:
+            with sigint_deferred():  # the four reports as a set: a Ctrl-C here mixed new files with old ones
+                write_outputs(Path(out_dir), rows, result)
+        except KeyboardInterrupt:  # delivered once they are written
+            raise EvaluationInterrupted(result) from None
     if interrupted:
         raise EvaluationInterrupted(result)
     return result

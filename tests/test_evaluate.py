@@ -475,3 +475,18 @@ def test_files_whose_metrics_fail_are_named_with_the_reason(tmp_path: Path) -> N
     )
     rows = {r["system"]: r for r in read_csv(out / "summary.csv")}
     assert rows["noisy"]["n_failed"] == str(len([k for k in failed if k[1] == "noisy"]))
+
+
+def test_the_reports_are_written_as_a_set_before_a_ctrl_c_lands() -> None:
+    """A Ctrl-C while the four reports were written left new files beside old ones; it is held back until they
+    are all written, then raised."""
+    import time
+
+    from recipes.evaluate import sigint_deferred
+
+    written = []
+    with pytest.raises(KeyboardInterrupt), sigint_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # a signal not held back would have been raised here
+        written.append("all four")
+    assert written == ["all four"]
