@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -228,6 +229,70 @@ def sigint_deferred() -> Iterator[None]:
             previous(signal.SIGINT, None)
 
 
+@dataclass
+class Resumed:
+    """What an interrupted evaluation had scored (its reports), for ``--resume`` to go on from."""
+
+    rows: list[dict[str, Any]]  # per_file.csv
+    skipped: list[dict[str, str]]
+    mismatched: list[dict[str, str]]
+    failed: list[dict[str, Any]]
+    notes: dict[str, int]
+
+    @property
+    def done(self) -> set[str]:
+        return {r["name"] for r in self.rows} | {s["name"] for s in self.skipped}
+
+
+# the settings an evaluation must share with the one it resumes (the command line and the device may change)
+RESUME_KEYS = (
+    "checkpoint",
+    "model_config",
+    "seed",
+    "pairs",
+    "layout",
+    "limit",
+    "max_attenuation_db",
+    "dnsmos",
+)
+
+
+def resumable(out_dir: Path, settings: dict[str, Any]) -> Resumed:
+    """The reports of the interrupted evaluation in ``out_dir``, if it was made with the same ``settings``;
+    ValueError with the reason otherwise."""
+    try:
+        report = json.loads((out_dir / "summary.json").read_text())
+        rows = read_rows(out_dir / "per_file.csv")
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--resume: {out_dir} holds no readable evaluation ({exc})") from None
+    if not report.get("interrupted"):
+        raise ValueError(f"--resume: the evaluation in {out_dir} is complete: nothing to resume")
+    then = {**report.get("settings", {}), "dnsmos": report.get("dnsmos")}
+    changed = [
+        f"{k}: {then.get(k)!r} then, {settings.get(k)!r} now"
+        for k in RESUME_KEYS
+        if then.get(k) != settings.get(k)
+    ]
+    if changed:
+        raise ValueError(f"--resume: not the evaluation in {out_dir} ({'; '.join(changed)}); use a new --out")
+    return Resumed(
+        rows,
+        report.get("skipped", []),
+        report.get("length_mismatched", []),
+        report.get("failed", []),
+        report.get("files_converted", {}),
+    )
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """per_file.csv's rows, the metrics as floats ("nan" as NaN)."""
+    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
+        return [
+            {k: (v if k in ("name", "system") else float(v)) for k, v in row.items()}
+            for row in csv.DictReader(f)
+        ]
+
+
 class EvaluationInterrupted(KeyboardInterrupt):
     """Ctrl-C during :func:`evaluate`, after the reports of the pairs scored before it were written (none when no
     pair was): ``result`` is what they hold, with ``"interrupted": True``."""
@@ -247,6 +312,7 @@ def evaluate(
     log: Log | None = _stderr,
     unpaired: Sequence[str] = (),
     settings: dict[str, Any] | None = None,
+    resume: Resumed | None = None,
 ) -> dict[str, Any]:
     """Score ``pairs`` (the first ``limit`` of them) before and after enhancement and write the reports (none when
     no pair could be scored: the folder's earlier reports are kept).
@@ -258,29 +324,35 @@ def evaluate(
     ``{"summary": {"noisy": {...}, "enhanced": {...}}, "skipped": [...], "n_pairs", "n_evaluated", ...}``.
     ``unpaired``: the files the pairing left out (:func:`recipes.pairs.discover_pairs`'s warnings), recorded
     in the reports. ``settings``: what produced the evaluation (model, pairs, limits), recorded in summary.json.
+    ``resume``: the reports of an interrupted evaluation of the same pairs (:func:`resumable`); its pairs are
+    not scored again.
     """
     selected = list(pairs)[:limit] if limit is not None else list(pairs)
+    done = resume.done if resume is not None else set()
     scorer = _scorer(dnsmos)
     show = sys.stderr.isatty() if progress is None else progress
-    rows: list[dict[str, Any]] = []
-    skipped: list[dict[str, str]] = []
-    mismatched: list[dict[str, str]] = []
-    failed: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = list(resume.rows) if resume else []
+    skipped: list[dict[str, str]] = list(resume.skipped) if resume else []
+    mismatched: list[dict[str, str]] = list(resume.mismatched) if resume else []
+    failed: list[dict[str, Any]] = list(resume.failed) if resume else []
     computed = METRIC_KEYS if scorer is not None else tuple(k for k in METRIC_KEYS if k not in DNSMOS_KEYS)
     notes = {"resampled": 0, "multichannel": 0, "length_mismatch": 0}
+    if resume is not None:
+        notes = {k: notes[k] + int(resume.notes.get(k, 0)) for k in notes}
+    todo = [pair for pair in selected if pair.name not in done]
     start = time.perf_counter()
     was_training = model.training
     model.eval()
     interrupted = False
-    every = max(1, len(selected) // 20)  # without a terminal (a batch job's log): a line every 5 %
+    every = max(1, len(todo) // 20)  # without a terminal (a batch job's log): a line every 5 %
     lines = progress is None and not show and log is not None  # (progress=False: neither bar nor lines)
     try:
-        for done, pair in enumerate(
-            tqdm(selected, desc="evaluate", unit="file", disable=not show, file=sys.stderr)
+        for count, pair in enumerate(
+            tqdm(todo, desc="evaluate", unit="file", disable=not show, file=sys.stderr)
         ):
-            if lines and log is not None and done and done % every == 0:
-                per = (time.perf_counter() - start) / done
-                log(f"evaluate: {done}/{len(selected)} pairs, {per:.1f} s per pair")
+            if lines and log is not None and count and count % every == 0:
+                per = (time.perf_counter() - start) / count
+                log(f"evaluate: {count}/{len(todo)} pairs, {per:.1f} s per pair")
             try:
                 scores, file_notes, mismatch, reasons = score_pair(model, pair, scorer)
             except EnhanceError as exc:
@@ -365,6 +437,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--limit", type=positive_int, help="evaluate only the first N pairs (sorted by name)")
     parser.add_argument("--no-dnsmos", action="store_true", help="skip DNSMOS (its columns are left NaN)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with the interrupted evaluation in --out (same model, pairs and flags): the pairs it scored "
+        "are kept, the others scored",
+    )
     parser.add_argument("--device", default="cpu", help="torch device for the model (default: cpu)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed for --model-config (default: 0)")
     parser.add_argument(
@@ -422,6 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = {
             "checkpoint": str(Path(args.checkpoint).resolve()) if args.checkpoint else None,
             "model_config": args.model_config,
+            "seed": None if args.checkpoint else args.seed,
             "pairs": str(Path(found.root).resolve()),
             "layout": found.layout,
             "pairs_found": len(found.pairs),
@@ -430,6 +509,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             "device": args.device,
             "command": ["tim-evaluate", *(sys.argv[1:] if argv is None else argv)],
         }
+        try:
+            resume = (
+                resumable(Path(args.out), {**settings, "dnsmos": not args.no_dnsmos}) if args.resume else None
+            )
+        except ValueError as exc:
+            _stderr(f"error: {exc}")
+            return 2
+        if resume is not None:
+            _stderr(f"resuming: {len(resume.done)} pairs scored before are kept")
         result = evaluate(
             model,
             found.pairs,
@@ -438,11 +526,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             limit=args.limit,
             unpaired=found.warnings,
             settings=settings,
+            resume=resume,
         )
     except EvaluationInterrupted as stop:
         done = stop.result["n_evaluated"]
         kept = (
-            f"{args.out} holds the reports of the {done} of {stop.result['n_pairs']} pairs scored before it"
+            f"{args.out} holds the reports of the {done} of {stop.result['n_pairs']} pairs scored before it; "
+            "the same command with --resume goes on"
             if done
             else "nothing was written (no pair was scored yet)"
         )

@@ -246,11 +246,14 @@ def test_evaluate_command_end_to_end(tmp_path: Path) -> None:
     assert md in proc.stdout  # the table is printed
 
 
-def test_ctrl_c_during_an_evaluation_is_one_line_exit_130_and_keeps_the_pairs_scored(tmp_path: Path) -> None:
+def test_ctrl_c_during_an_evaluation_is_one_line_exit_130_keeps_the_pairs_scored_and_resumes(
+    tmp_path: Path,
+) -> None:
     """It was a KeyboardInterrupt traceback from wherever it landed (onnxruntime, PESQ); tim-train already said
     one line. Then it said "nothing was written": an hour of DNSMOS on a test set was lost to one Ctrl-C. Now the
-    reports hold the pairs scored before it, marked interrupted; without a terminal, progress is logged."""
-    data = make_dev_set(tmp_path / "data", n=40, seconds=3.0)
+    reports hold the pairs scored before it, marked interrupted, and --resume scores the rest; without a
+    terminal, progress is logged."""
+    data = make_dev_set(tmp_path / "data", n=12, seconds=3.0)
     out = tmp_path / "eval"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "recipes.evaluate", "--model-config", "tiny", "--pairs", str(data)]
@@ -266,8 +269,8 @@ def test_ctrl_c_during_an_evaluation_is_one_line_exit_130_and_keeps_the_pairs_sc
     )
     try:
         assert proc.stderr is not None
-        for line in proc.stderr:  # a progress line every 2 pairs (5 % of 40)
-            if line.startswith("evaluate: 4/40 pairs"):
+        for line in proc.stderr:  # a progress line every pair (5 % of 12 is less than one)
+            if line.startswith("evaluate: 4/12 pairs"):
                 break
         proc.send_signal(signal.SIGINT)
         err = proc.stderr.read()
@@ -277,10 +280,40 @@ def test_ctrl_c_during_an_evaluation_is_one_line_exit_130_and_keeps_the_pairs_sc
     assert f"tim-evaluate: interrupted; {out} holds the reports of the " in err and "Traceback" not in err, (
         err
     )
+    assert "the same command with --resume goes on" in err
     report = json.loads((out / "summary.json").read_text())
-    assert report["interrupted"] is True and report["n_pairs"] == 40 and 4 <= report["n_evaluated"] < 40
-    assert len(read_csv(out / "per_file.csv")) == 2 * report["n_evaluated"]  # whole pairs: noisy and enhanced
-    assert f"**Interrupted**: {report['n_evaluated']} of the 40 pairs" in (out / "summary.md").read_text()
+    assert report["interrupted"] is True and report["n_pairs"] == 12 and 4 <= report["n_evaluated"] < 12
+    before = read_csv(out / "per_file.csv")
+    assert len(before) == 2 * report["n_evaluated"]  # whole pairs: noisy and enhanced
+    assert f"**Interrupted**: {report['n_evaluated']} of the 12 pairs" in (out / "summary.md").read_text()
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*cmd, "--out", str(out), "--threads", "1", "--no-dnsmos", *extra],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=300,
+        )
+
+    other = run(
+        "--resume", "--limit", "5"
+    )  # another evaluation than the one in --out: refused, nothing changed
+    assert other.returncode == 2 and "--resume: not the evaluation in" in other.stderr, other.stderr
+    assert "limit: None then, 5 now" in other.stderr
+    done = run("--resume")
+    assert done.returncode == 0, done.stderr
+    assert f"resuming: {report['n_evaluated']} pairs scored before are kept" in done.stderr
+    final = json.loads((out / "summary.json").read_text())
+    assert final["interrupted"] is False and final["n_evaluated"] == 12
+    rows = read_csv(out / "per_file.csv")
+    assert sorted((r["name"], r["system"]) for r in rows) == sorted(
+        (f"{i:04d}", s) for i in range(12) for s in ("noisy", "enhanced")
+    )
+    assert rows[: len(before)] == before  # the pairs scored before were kept, not scored again
+    again = run("--resume")
+    assert again.returncode == 2 and "is complete: nothing to resume" in again.stderr
 
 
 def test_evaluate_function_converts_skips_and_limits(tmp_path: Path) -> None:
