@@ -87,15 +87,15 @@ def stream_pcm(
         pending = data[n * width :]
         if n == 0:
             continue
-        x = decode_pcm(data[: n * width], channels, pcm).T
+        x = decode_pcm(data[: n * width], channels, pcm)  # [channels, n]
         problem = sample_value_error(x)
         if problem:  # the stream ends at the bad sample: the good ones before it still come out, in full
-            good = x[: int(np.argmax(~(np.abs(x) <= MAX_FLOAT_SAMPLE).all(axis=1)))]
-            write(stream.process_last(np.ascontiguousarray(good.T)))
+            good = x[:, : int(np.argmax(~(np.abs(x) <= MAX_FLOAT_SAMPLE).all(axis=0)))]
+            write(stream.process_last(good))
             raise AudioError(
                 f"<stdin>: {problem} in the PCM stream (the {stream.received} samples before it were written)"
             )
-        write(stream.process(np.ascontiguousarray(x.T)))
+        write(stream.process(x))
     write(stream.finish())
     if pending:
         print(

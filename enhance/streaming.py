@@ -107,11 +107,11 @@ class StreamingEnhancer:
     @property
     def latency_samples(self) -> int:
         """Worst-case algorithmic delay: window + lookahead hops (+ the rest of the current hop)."""
-        return int(self.model.cfg.latency_samples)
+        return self.model.cfg.latency_samples
 
     @property
     def latency_ms(self) -> float:
-        return float(self.model.cfg.latency_ms)
+        return self.model.cfg.latency_ms
 
     def reset(self) -> None:
         """Drop the stream in progress (its held samples are not returned) and start a new one."""

@@ -158,8 +158,8 @@ def _without_path(message: str, path: str) -> str:
     data in an unknown format."): cut to 120 characters with the path in it, the reason itself was lost."""
     line = message.splitlines()[0] if message else ""
     for shown in (f"'{fs_path(path)}'", f"'{path}'", fs_path(path), path):
-        line = line.replace(shown, "").replace(" : ", ": ").replace("  ", " ")
-    return line.strip()[:200]
+        line = line.replace(shown, "")
+    return " ".join(line.split()).replace(" :", ":")[:200]
 
 
 def _problem(path: str, sample_rate: int, min_frames: int, silence_peak: float) -> str | None:

@@ -130,9 +130,8 @@ def build(cfg: DataConfig, seed: int) -> RecipeData:
             raise ValueError("the dns recipe needs root (the DNS-Challenge folder)")
         root = Path(cfg.root)
         folders = [root / "datasets" / "clean", root / "datasets" / "noise"]
-        for d in (
-            folders
-        ):  # "no such folder", with a hint about --config's relative folders, when --root was wrong
+        # (it was "no such folder", with a hint about --config's relative folders, when --root was wrong)
+        for d in folders:
             if not d.is_dir():
                 raise FileNotFoundError(
                     f"{d}: missing (expected the DNS Challenge layout: {root}/datasets/clean and "

@@ -45,7 +45,7 @@ from models import CheckpointError, Enhancer, get_config, load_checkpoint
 from recipes.interrupt import on_interrupt
 from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics, failure_reason, metrics_problem
 from recipes.pairs import Pair, discover_pairs, length_problem
-from recipes.run_folder import out_folder_problem, write_text
+from recipes.run_folder import out_folder_problem, read_csv, write_text
 
 SYSTEMS = ("noisy", "enhanced")
 DNSMOS_KEYS = ("dnsmos_sig", "dnsmos_bak", "dnsmos_ovrl")
@@ -286,11 +286,9 @@ def resumable(out_dir: Path, settings: dict[str, Any]) -> Resumed:
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """per_file.csv's rows, the metrics as floats ("nan" as NaN)."""
-    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
-        return [
-            {k: (v if k in ("name", "system") else float(v)) for k, v in row.items()}
-            for row in csv.DictReader(f)
-        ]
+    return [
+        {k: (v if k in ("name", "system") else float(v)) for k, v in row.items()} for row in read_csv(path)
+    ]
 
 
 class EvaluationInterrupted(KeyboardInterrupt):

@@ -170,7 +170,8 @@ def truncate_csv(path: Path, keep: Callable[[dict[str, str]], bool]) -> None:
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as f:
+    """The rows of a CSV file :func:`write_text` wrote (UTF-8, file names that are not kept as their bytes)."""
+    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
         return list(csv.DictReader(f))
 
 

@@ -454,10 +454,13 @@ class Trainer:
         self._started = self.clock()
         epoch_seconds = 0.0
         while self.pos.epoch < cfg.epochs:
-            if epoch_seconds and self._out_of_time(epoch_seconds):
-                return self._stop(last, "time budget: the next epoch would not finish in time")
-            if self._stop_requested():  # asked during the last validation
-                return self._stop(last, self.stop.reason or "stop requested")
+            # the next epoch would not finish in time (known once an epoch ran whole), or a stop was asked for
+            # during the last validation
+            reason = self._why_stop(
+                epoch_seconds or None, "time budget: the next epoch would not finish in time"
+            )
+            if reason is not None:
+                return self._stop(last, reason)
             t0, whole = self.clock(), self.pos.step == 0
             last = self._epoch()
             if "stopped" in last:
@@ -467,18 +470,20 @@ class Trainer:
         self.dist.barrier()
         return last
 
-    def _out_of_time(self, reserve: float = 0.0) -> bool:
-        """Whether no more than ``reserve`` seconds of the time budget are left (never without a budget)."""
+    def _why_stop(self, reserve: float | None = 0.0, out_of_time: str = "time budget") -> str | None:
+        """Why the run stops here, None when it goes on: :attr:`stop` asks to, or no more than ``reserve``
+        seconds of the time budget are left (``out_of_time`` says so; ``reserve`` None: the budget is not
+        checked). Every rank must stop at the same step: rank 0's request and clock decide, in one broadcast."""
         budget = self.cfg.train.time_budget_minutes
-        if budget is None:
-            return False
-        left = budget * 60.0 - (self.clock() - self._started) - reserve
-        # every rank must stop at the same step: rank 0's clock (and its reserve) decides
-        return self.dist.broadcast_float(left, self.device) <= 0
-
-    def _stop_requested(self) -> bool:
-        """Whether :attr:`stop` asks to stop; every rank must stop at the same step: rank 0's request decides."""
-        return self.dist.broadcast_float(1.0 if self.stop.reason else 0.0, self.device) > 0
+        spent = (
+            budget is not None
+            and reserve is not None
+            and budget * 60.0 - (self.clock() - self._started) - reserve <= 0
+        )
+        decision = self.dist.broadcast_float(2.0 if self.stop.reason else 1.0 if spent else 0.0, self.device)
+        if decision == 0:
+            return None
+        return out_of_time if decision == 1 else self.stop.reason or "stop requested"
 
     def _stop(self, last: dict[str, Any], reason: str) -> dict[str, Any]:
         self._save_state()
@@ -556,14 +561,11 @@ class Trainer:
                 )
             if pos.step % cfg.save_every_steps == 0 and pos.step < n_steps:
                 self._save_state()
-            if pos.step < n_steps and self._out_of_time():
+            reason = self._why_stop() if pos.step < n_steps else None
+            if reason is not None:
                 if bar is not None:
                     bar.close()
-                return self._stop({}, "time budget")
-            if pos.step < n_steps and self._stop_requested():
-                if bar is not None:
-                    bar.close()
-                return self._stop({}, self.stop.reason or "stop requested")
+                return self._stop({}, reason)
         if bar is not None:
             bar.close()
         return self._end_epoch()

@@ -33,7 +33,7 @@ from server.jobs import JobRunner
 from server.metrics import Metrics
 from server.registry import Loader, ModelStore, load_models, public_load_error
 from server.routes import answer_head, router, v1
-from server.stream import stream_endpoint
+from server.stream import TRY_LATER, error_message, stream_endpoint
 
 log = logging.getLogger("server")
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -203,9 +203,9 @@ class ConcurrencyLimit:
         if (await receive())["type"] != "websocket.connect":
             return  # the client went away first
         await send({"type": "websocket.accept"})
-        text = {"type": "error", "code": "busy", "message": message, "error": message}
-        await send({"type": "websocket.send", "text": json.dumps(text | {"retry_after": self.retry_after_s})})
-        await send({"type": "websocket.close", "code": 1013, "reason": "busy"})
+        text = json.dumps(error_message("busy", message, self.retry_after_s))
+        await send({"type": "websocket.send", "text": text})
+        await send({"type": "websocket.close", "code": TRY_LATER, "reason": "busy"})
 
 
 class JSONCORSMiddleware(CORSMiddleware):

@@ -187,17 +187,25 @@ SLOW_CLIENT = "slow_client"
 SEND_ERROR_TIMEOUT_S = 5.0  # a client that reads nothing must not keep the handler waiting to tell it so
 
 
+def error_message(code: str, message: str, retry_after: int | None = None) -> dict[str, Any]:
+    """A stream's error message: "message" as in the HTTP errors' {"error": {"code", "message"}}, "error" (the
+    same text) for earlier clients, and when to try again for busy or loading, as HTTP's Retry-After says it."""
+    out: dict[str, Any] = {"type": "error", "code": code, "message": message, "error": message}
+    return out | ({"retry_after": retry_after} if retry_after is not None else {})
+
+
 async def _send_error(ws: WebSocket, err: StreamError, metrics: Metrics) -> None:
     metrics.rejections.inc(reason=err.code)
     if err.code == SLOW_CLIENT:
         return  # its send buffer is full: nothing more gets through, not even a close frame
     with contextlib.suppress(Exception):
         await asyncio.wait_for(
-            # "message" as in the HTTP errors' {"error": {"code", "message"}}; "error" kept for earlier clients
             ws.send_json(
-                {"type": "error", "code": err.code, "message": err.message, "error": err.message}
-                # busy or loading: when to try again, as the HTTP routes' Retry-After says it
-                | ({"retry_after": ws.app.state.config.retry_after_s} if err.close_code == TRY_LATER else {})
+                error_message(
+                    err.code,
+                    err.message,
+                    ws.app.state.config.retry_after_s if err.close_code == TRY_LATER else None,
+                )
             ),
             SEND_ERROR_TIMEOUT_S,
         )
