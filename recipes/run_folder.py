@@ -170,8 +170,7 @@ def truncate_csv(path: Path, keep: Callable[[dict[str, str]], bool]) -> None:
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
-    """The rows of a CSV file :func:`write_text` wrote (UTF-8, file names that are not kept as their bytes)."""
-    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
+    with open(path, newline="") as f:
         return list(csv.DictReader(f))
 
 
