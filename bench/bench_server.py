@@ -32,11 +32,13 @@ import io
 import json
 import os
 import platform
+import queue
+import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -90,42 +92,60 @@ def percentile(values: list[float], q: float) -> float:
 # ---------- the server ----------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+RUNNING = re.compile(r"Uvicorn running on (http://\S+)")
 
 
-def launch_server(flags: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
-    """``python -m server.main`` on a free port of 127.0.0.1 with ``flags``, once /readyz answers 200; returns
-    the process and its URL. Raises RuntimeError when it exits or is not ready in 180 s."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "server.main", "--port", str(port), "--log-level", "warning", *flags]
+def launch_server(flags: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    """``python -m server.main`` on a port of 127.0.0.1 the OS picks (``--port 0``: its URL is read from the
+    server's "running on" line), once /readyz answers 200; returns the process and its URL. Raises RuntimeError
+    when it exits or is not ready in 180 s. The server's log is kept from the console (request lines would
+    interleave with the bench's output) and printed if it fails to start."""
+    cmd = [sys.executable, "-m", "server.main", "--port", "0", "--log-level", "info", *flags]
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,
         env={**os.environ, "ENHANCE_API_KEY": "", **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
         # Ctrl-C stops it as from a terminal (a background job's child inherits SIGINT ignored)
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    url = f"http://127.0.0.1:{port}"
+    lines: list[str] = []
+    found: queue.Queue[str | None] = queue.Queue()
+
+    def drain() -> None:  # all of stderr, or the server stalls on a full pipe
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if match := RUNNING.search(line):
+                found.put(match.group(1))
+        found.put(None)
+
+    threading.Thread(target=drain, daemon=True).start()
+
+    def failed(why: str) -> RuntimeError:
+        proc.kill()
+        return RuntimeError(f"{why}; its log:\n{''.join(lines[-40:])}")
+
     deadline = time.monotonic() + 180
+    try:
+        url = found.get(timeout=180)
+    except queue.Empty:
+        raise failed("the server did not start listening in 180 s") from None
+    if url is None:
+        raise failed(f"the server exited with status {proc.wait()}")
     with httpx.Client(base_url=url, timeout=5) as c:
-        while True:
+        while c.get("/readyz").status_code != 200:
             if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with status {proc.returncode}")
-            try:
-                if c.get("/readyz").status_code == 200:
-                    return proc, url
-            except httpx.TransportError:
-                pass
+                raise failed(f"the server exited with status {proc.returncode}")
             if time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("the server did not become ready in 180 s")
+                raise failed("the server did not become ready in 180 s")
             time.sleep(0.2)
+    return proc, url
 
 
-def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
     flags = ["--checkpoint", args.checkpoint] if args.checkpoint else ["--model", args.model]
     flags += ["--max-concurrency", str(args.max_concurrency), "--threads", str(args.threads)]
     flags += ["--max-queue", str(args.max_queue), "--queue-timeout", str(args.queue_timeout)]

@@ -14,8 +14,8 @@ did). Examples::
         --root /data/DNS-Challenge --out runs/dns-transformer
     # continue a killed run exactly where it stopped
     python -m recipes.train --out runs/tim --resume
-    # several GPUs or nodes
-    torchrun --nproc_per_node 4 -m recipes.train --config ... --out runs/x
+    # several GPUs on one machine (several nodes: torchrun's --nnodes and --rdzv-endpoint)
+    torchrun --standalone --nproc_per_node 4 -m recipes.train --config ... --out runs/x
 """
 
 from __future__ import annotations

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
+import queue
+import re
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -97,6 +100,50 @@ def run_server(
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+RUNNING = re.compile(r"Uvicorn running on (http://\S+)")
+
+
+class ServerProcess:
+    """``enhance-server`` as a subprocess on a port the OS picks (``--port 0``; choosing a free port here and
+    passing it raced anything else binding one), its URL read from uvicorn's "running on" line (hence
+    ``--log-level info``); stderr is drained in a thread (a full pipe would stall the server)."""
+
+    def __init__(self, cmd: list[str], **popen: Any) -> None:
+        self.proc = subprocess.Popen(
+            [*cmd, "--port", "0", "--log-level", "info"], stderr=subprocess.PIPE, text=True, **popen
+        )
+        self.lines: list[str] = []
+        self._url: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            if found := RUNNING.search(line):
+                self._url.put(found.group(1))
+        self._url.put(None)
+
+    def url(self, timeout: float = 60.0) -> str:
+        """The server's base URL, once it listens."""
+        try:
+            url = self._url.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError("enhance-server did not start listening:\n" + self.stderr()) from None
+        if url is None:
+            raise RuntimeError(
+                f"enhance-server exited ({self.proc.poll()}) before listening:\n" + self.stderr()
+            )
+        return url
+
+    def stderr(self) -> str:
+        """What the server wrote to stderr so far (all of it, once the process has ended)."""
+        if self.proc.poll() is not None:
+            self._reader.join(timeout=10)
+        return "".join(self.lines)
 
 
 def gated_loader(gate: threading.Event) -> Loader:

@@ -372,7 +372,7 @@ def test_without_a_compiler_the_cli_says_so(tmp_path: Path) -> None:
 def test_a_server_whose_native_build_cannot_load_streams_on_torchscript(tmp_path: Path) -> None:
     """``auto`` falls back when the cached library is there but cannot be loaded: the server gets ready and
     says which backend its streams use (this once failed the model load with an UnboundLocalError)."""
-    from tests.server_fixtures import free_socket
+    from tests.server_fixtures import ServerProcess
 
     key_probe = tmp_path / "probe"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TIM_ENHANCE_CACHE": str(key_probe), "OMP_NUM_THREADS": "1"}
@@ -380,42 +380,25 @@ def test_a_server_whose_native_build_cannot_load_streams_on_torchscript(tmp_path
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
     (built,) = key_probe.glob("native_step-*.so")
     built.write_bytes(b"not a shared object")
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
     ck = tmp_path / "tiny.safetensors"
     torch.manual_seed(0)
     save_checkpoint(ck, Enhancer(get_config("tiny")), "tiny")
-    cmd = [
-        sys.executable,
-        "-m",
-        "server.main",
-        "--port",
-        str(port),
-        "--checkpoint",
-        str(ck),
-        "--threads",
-        "1",
-    ]
-    proc = subprocess.Popen([*cmd, "--log-level", "warning"], env=env, stderr=subprocess.PIPE)
+    server = ServerProcess(
+        [sys.executable, "-m", "server.main", "--checkpoint", str(ck), "--threads", "1"], env=env
+    )
+    proc = server.proc
     try:
         deadline = time.monotonic() + 60
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
-            while True:
-                try:
-                    ready = c.get("/readyz")
-                    if ready.json()["status"] != "loading":
-                        break
-                except httpx.TransportError:
-                    pass
+        with httpx.Client(base_url=server.url(), timeout=10) as c:
+            while (ready := c.get("/readyz")).json()["status"] == "loading":
                 assert proc.poll() is None and time.monotonic() < deadline
                 time.sleep(0.1)
             assert ready.status_code == 200, ready.text
             assert c.get("/v1/models").json()["models"][0]["stream_backend"] == "torchscript"
     finally:
         proc.terminate()
-        _, err = proc.communicate(timeout=20)
-    assert b"Traceback" not in err
+        proc.wait(timeout=20)
+    assert "Traceback" not in server.stderr()
 
 
 def test_without_a_compiler_the_server_refuses_to_start(tmp_path: Path) -> None:

@@ -16,7 +16,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -167,12 +166,6 @@ def evaluate_and_check(checkpoint: Path, pairs: Path, out: Path, n_pairs: int) -
     result = json.loads((out / "summary.json").read_text())
     assert result["n_pairs"] == result["n_evaluated"] == n_pairs and result["skipped"] == []
     return result
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --------------------------------------------------------------------------------------------------- DNS
@@ -1037,7 +1030,7 @@ def ddp_runs(folders: FolderTree, tmp_path_factory: pytest.TempPathFactory) -> D
     script.write_text(NO_DROPOUT_TRAIN)
     args = folders_args(folders, "--epochs", "1", "--max-steps-per-epoch", "3", "--model", "tiny-nodropout")
     ddp, single = base / "ddp", base / "single"
-    launch = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     proc = run_cli([*launch, str(script), *args, "--out", str(ddp)], base)
     run_cli([str(script), *args, "--out", str(single)], base)
     return DDPRuns(ddp, single, proc.stdout)
@@ -1069,15 +1062,13 @@ def test_ddp_resume_goes_on_exactly(folders: FolderTree, tmp_path: Path) -> None
     Only rank 0's generators were saved, so the other rank drew new dropout masks after a resume (a helper saw
     weights 6.7e-4 apart); state.pt now keeps every rank's."""
     args = folders_args(folders, "--max-steps-per-epoch", "3")  # the tiny model: dropout 0.1
-    launch = ["-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    # --standalone: the rendezvous binds a free port itself (picking one here and passing it raced other tests)
+    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    run_cli([*launch, "--master_port", str(free_port()), "-m", "recipes.train", *args, "--epochs", "2",
-             "--out", str(whole)], tmp_path)  # fmt: skip
-    run_cli([*launch, "--master_port", str(free_port()), "-m", "recipes.train", *args, "--epochs", "1",
-             "--out", str(resumed)], tmp_path)  # fmt: skip
+    run_cli([*launch, "-m", "recipes.train", *args, "--epochs", "2", "--out", str(whole)], tmp_path)
+    run_cli([*launch, "-m", "recipes.train", *args, "--epochs", "1", "--out", str(resumed)], tmp_path)
     assert len(run_folder.load_state(resumed / "state.pt")["rng"]["ranks"]) == 2
-    run_cli([*launch, "--master_port", str(free_port()), "-m", "recipes.train", "--out", str(resumed), "--resume",
-             "--epochs", "2"], tmp_path)  # fmt: skip
+    run_cli([*launch, "-m", "recipes.train", "--out", str(resumed), "--resume", "--epochs", "2"], tmp_path)
     a, b = (safetensors.torch.load_file(run / "last.safetensors") for run in (whole, resumed))
     differ = {k: float((a[k] - b[k]).abs().max()) for k in a if not torch.equal(a[k], b[k])}
     assert a and not differ, f"the resumed DDP run's weights differ (max abs diff per tensor): {differ}"

@@ -1914,7 +1914,7 @@ def test_metrics_count_requests_audio_and_rejections(client: httpx.Client) -> No
 
 
 def test_enhance_server_command(checkpoint: Path, tmp_path: Path) -> None:
-    from tests.server_fixtures import free_socket
+    from tests.server_fixtures import ServerProcess
 
     command = str(Path(sys.executable).with_name("enhance-server"))  # the console script pyproject declares
     missing = tmp_path / "missing.safetensors"
@@ -1993,27 +1993,19 @@ def test_enhance_server_command(checkpoint: Path, tmp_path: Path) -> None:
         assert "Traceback" not in failed.stderr
     version = subprocess.run([command, "--version"], capture_output=True, text=True, timeout=120, check=False)
     assert version.returncode == 0 and version.stdout.startswith("enhance-server "), version
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
     env = {**os.environ, "ENHANCE_API_KEY": "k", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "server.main", "--port", str(port), "--checkpoint", f"mine={checkpoint}"]
-    proc = subprocess.Popen(
-        [*cmd, "--threads", "1", "--log-level", "warning"],
+    server = ServerProcess(
+        [sys.executable, "-m", "server.main", "--checkpoint", f"mine={checkpoint}", "--threads", "1"],
         cwd=ROOT,
         env=env,
         # as from a terminal: under nohup (CI's background runs) SIGHUP is inherited ignored, and stays so
         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
     )
+    proc = server.proc
     try:
         deadline = time.monotonic() + 60
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
-            while True:
-                try:
-                    if c.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
+        with httpx.Client(base_url=server.url(), timeout=10) as c:
+            while c.get("/readyz").status_code != 200:
                 assert proc.poll() is None and time.monotonic() < deadline
                 time.sleep(0.1)
             assert c.get("/v1/models").status_code == 401
