@@ -70,7 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__,
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all interfaces)")
-    p.add_argument("--port", type=port_number, default=8000, help="TCP port (0: any free one)")
+    p.add_argument(
+        "--port",
+        type=port_number,
+        default=8000,
+        help="TCP port (0: any free one, named in the log's 'Uvicorn running on' line at --log-level info)",
+    )
     p.add_argument(
         "--model",
         action="append",
@@ -257,10 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     if config.api_key is None:
         exposed = args.host not in ("127.0.0.1", "localhost", "::1")
         (log.warning if exposed else log.info)(
-            "no API key (%s is unset or empty): /v1/* is open to anyone who can reach %s:%d",
+            "no API key (%s is unset or empty): /v1/* is open to anyone who can reach %s",
             args.api_key_env,
-            args.host,
-            args.port,
+            # --port 0: uvicorn's "running on" line names the port the OS gave
+            f"{args.host}:{args.port}" if args.port else args.host,
         )
     else:
         log.info("API key required on /v1/* (from %s)", args.api_key_env)
