@@ -41,6 +41,20 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     return cls(**kwargs)
 
 
+def check_keys(cls: type, data: dict[str, Any], where: str = "config") -> None:
+    """Raise :func:`from_dict`'s ValueError for the first unknown key in ``data`` (nested sections included),
+    building nothing: for a part of a configuration (one of several files merged), whose values alone need not
+    make a valid one."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown} for {cls.__name__}")
+    hints = typing.get_type_hints(cls)
+    for key, value in data.items():
+        if dataclasses.is_dataclass(hints[key]) and isinstance(value, dict):
+            check_keys(hints[key], value, f"{where}.{key}")
+
+
 def _convert(hint: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):

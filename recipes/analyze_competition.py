@@ -111,7 +111,6 @@ def analyze(
     per_layer: list[list[np.ndarray]] = [[] for _ in blocks]
     labels: list[np.ndarray] = []
     levels: list[np.ndarray] = []
-    out.mkdir(parents=True, exist_ok=True)
     drawn = 0
     for pair in pairs:
         try:
@@ -128,12 +127,14 @@ def analyze(
         labels.append(vad_labels(clean[:n], ck, vad_db))
         levels.append(frame_level_db(noisy[:n], ck))
         if drawn < figures:
+            out.mkdir(parents=True, exist_ok=True)  # once a pair was read (none: no empty folder left behind)
             save_competition_map(
                 str(out / f"maps_{pair.name}.png"), result.competition, ck, str(pair.noisy_path)
             )
             drawn += 1
     if not labels:
         raise ValueError("no pair could be read")
+    out.mkdir(parents=True, exist_ok=True)
     vad = np.concatenate(labels)
     level = np.concatenate(levels)
     maps = [np.concatenate(chunks) for chunks in per_layer]  # per layer [frames, n_s]

@@ -133,17 +133,22 @@ def scan(
     ``shown``: the name the log gives a path (VoiceBank's 16-kHz cache copies are logged as the corpus' files)."""
     pool = AudioPool([], [], sample_rate)
     min_frames = int(min_seconds * sample_rate)
-    first: dict[str, str] = {}  # real path -> the first path that named it
+    paths = list(paths)
+    # a file named twice (through a link) was trained on twice, and could be held out for validation while its
+    # twin trained: it is used once, by its own name where that is listed (the name sorted first kept the link
+    # and called the file itself the duplicate), else by the first name
+    keeper: dict[str, str] = {}  # real path -> the path that uses it
     for path in paths:
         real = os.path.realpath(path)
-        # a link to a file already listed was trained on twice, and could be held out for validation while the
-        # file it points to trained
+        if real not in keeper or (os.path.abspath(path) == real != os.path.abspath(keeper[real])):
+            keeper[real] = path
+    for path in paths:
+        real = os.path.realpath(path)
         reason = (
-            f"the same file as {first[real]} (through a link): used once"
-            if real in first and os.path.exists(path)
+            f"the same file as {keeper[real]} (through a link): used once"
+            if keeper[real] != path and os.path.exists(path)
             else _problem(path, sample_rate, min_frames, silence_peak)
         )
-        first.setdefault(real, path)
         if reason is None:
             pool.paths.append(path)
             pool.frames.append(sf.info(fs_path(path)).frames)

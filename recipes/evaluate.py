@@ -42,6 +42,7 @@ from enhance.device import inference_device, usable_device
 from enhance.errors import EnhanceError
 from enhance.offline import enhance_waveform
 from models import CheckpointError, Enhancer, get_config, load_checkpoint
+from models.checkpoint import file_sha256
 from recipes.interrupt import on_interrupt
 from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics, failure_reason, metrics_problem
 from recipes.pairs import Pair, discover_pairs, length_problem
@@ -134,6 +135,11 @@ def _csv_value(value: Any) -> str:
     if isinstance(value, float):
         return "nan" if not math.isfinite(value) else f"{value:.6f}"
     return str(value)
+
+
+def _as_written(scores: dict[str, float]) -> dict[str, float]:
+    """Scores rounded as :func:`_csv_value` writes them."""
+    return {k: round(v, 6) if math.isfinite(v) else v for k, v in scores.items()}
 
 
 def write_csv(path: Path, columns: Sequence[str], rows: list[dict[str, Any]]) -> None:
@@ -238,6 +244,11 @@ class Resumed:
     mismatched: list[dict[str, str]]
     failed: list[dict[str, Any]]
     notes: dict[str, int]
+    elapsed_s: float  # the time the interrupted sessions took
+
+    @property
+    def scored(self) -> set[str]:
+        return {r["name"] for r in self.rows}
 
     @property
     def done(self) -> set[str]:
@@ -254,6 +265,7 @@ RESUME_KEYS = (
     "limit",
     "max_attenuation_db",
     "dnsmos",
+    "checkpoint_sha256",  # the checkpoint's path alone took other weights saved there since for the same model
 )
 
 
@@ -265,6 +277,8 @@ def resumable(out_dir: Path, settings: dict[str, Any]) -> Resumed:
         rows = read_rows(out_dir / "per_file.csv")
     except (OSError, ValueError) as exc:
         raise ValueError(f"--resume: {out_dir} holds no readable evaluation ({exc})") from None
+    if not isinstance(report, dict) or not isinstance(report.get("settings", {}), dict):
+        raise ValueError(f"--resume: {out_dir} holds no readable evaluation (summary.json is not one's)")
     if not report.get("interrupted"):
         raise ValueError(f"--resume: the evaluation in {out_dir} is complete: nothing to resume")
     then = {**report.get("settings", {}), "dnsmos": report.get("dnsmos")}
@@ -281,6 +295,7 @@ def resumable(out_dir: Path, settings: dict[str, Any]) -> Resumed:
         report.get("length_mismatched", []),
         report.get("failed", []),
         report.get("files_converted", {}),
+        float(report.get("elapsed_s", 0.0)),
     )
 
 
@@ -370,7 +385,8 @@ def evaluate(
                         {"name": pair.name, "system": system, "metrics": nan, "reason": reasons[system]}
                     )
             # a pair's rows, failures and notes together (a Ctrl-C between them left half a pair)
-            rows.extend({"name": pair.name, "system": s, **scores[s]} for s in SYSTEMS)
+            # as per_file.csv holds them, which a resumed evaluation reads back: the same means either way
+            rows.extend({"name": pair.name, "system": s, **_as_written(scores[s])} for s in SYSTEMS)
             failed.extend(pair_failed)
             notes = {k: notes[k] + file_notes[k] for k in notes}
             if log is not None:
@@ -394,7 +410,7 @@ def evaluate(
         "interrupted": interrupted,
         "dnsmos": scorer is not None,
         "files_converted": notes,
-        "elapsed_s": round(time.perf_counter() - start, 3),
+        "elapsed_s": round(time.perf_counter() - start + (resume.elapsed_s if resume else 0.0), 3),
         "torch_threads": torch.get_num_threads(),  # what elapsed_s was measured with
         "settings": settings or {},
     }
@@ -497,6 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a result folder says what made it (it gave neither the model nor the pairs)
         settings = {
             "checkpoint": str(Path(args.checkpoint).resolve()) if args.checkpoint else None,
+            "checkpoint_sha256": file_sha256(args.checkpoint) if args.checkpoint else None,
             "model_config": args.model_config,
             "seed": None if args.checkpoint else args.seed,
             "pairs": str(Path(found.root).resolve()),
@@ -515,7 +532,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             _stderr(f"error: {exc}")
             return 2
         if resume is not None:
-            _stderr(f"resuming: {len(resume.done)} pairs scored before are kept")
+            passed = len(resume.done - resume.scored)
+            _stderr(
+                f"resuming: the {len(resume.scored)} pairs scored before are kept"
+                + (f" ({passed} more were skipped: not scored again)" if passed else "")
+            )
         result = evaluate(
             model,
             found.pairs,

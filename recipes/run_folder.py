@@ -189,9 +189,15 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
             ) from None
 
 
+# what every state.pt the trainer writes holds (Trainer._save_state); "ema" and "data" may be None
+STATE_KEYS = ("config", "model", "optimizer", "scheduler", "position", "rng")
+
+
 def load_state(path: Path) -> dict[str, Any]:
+    """A run's ``state.pt``; raises ValueError for one that cannot be read, or that another program wrote (a
+    torch file without the trainer's keys: --resume said "error: config", or failed with a traceback)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=False)
     except (
         RuntimeError,
         EOFError,
@@ -199,3 +205,9 @@ def load_state(path: Path) -> dict[str, Any]:
         pickle.UnpicklingError,
     ) as exc:  # truncated, or badly joined parts
         raise ValueError(f"{path}: unreadable training state ({str(exc).splitlines()[0]})") from None
+    lacking = [k for k in STATE_KEYS if k not in state] if isinstance(state, dict) else list(STATE_KEYS)
+    if lacking or not isinstance(state["config"], dict):
+        raise ValueError(
+            f"{path}: not a training state tim-train wrote (it lacks {', '.join(lacking) or 'a configuration'})"
+        )
+    return state

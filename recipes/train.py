@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from models.checkpoint import CheckpointError
-from models.config_io import from_dict, to_dict
+from models.config_io import check_keys, from_dict, to_dict
 from recipes import run_folder
 from recipes.trainer import (
     DATA_LOCATIONS,
@@ -181,7 +181,9 @@ def resolve(args: argparse.Namespace, base: dict[str, Any] | None = None) -> Run
     the flags."""
     data: dict[str, Any] = dict(base or {})
     for path in args.config:
-        data = merge(data, read_config(path))
+        part = read_config(path)
+        check_keys(RunConfig, part, f"{config_path(path)}: config")  # which file has the typo
+        data = merge(data, part)
     flags = {
         "train": {
             "model": args.model,
@@ -251,7 +253,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise FileNotFoundError(f"{saved}: nothing to resume")
             if not isinstance(raw, dict) or not isinstance(raw.get("data", {}), dict):
                 raise ValueError(f"{saved}: not a run's configuration (a JSON object with its sections)")
-            cfg = saved_run_config(raw)
+            try:
+                cfg = saved_run_config(raw)
+            except ValueError as exc:  # a key added by hand, or a run of a newer version
+                source = saved if saved.is_file() else state
+                raise ValueError(f"{source}: {exc}") from None
             ignored = [
                 "--" + k.replace("_", "-")
                 for k, v in vars(args).items()
@@ -272,12 +278,15 @@ def main(argv: list[str] | None = None) -> int:
                 )
             # Where and how fast a run executes may change between sessions (a GPU machine, fewer cores), and
             # where its data is (the trainer checks it is the same data), by flag or --config file; what it
-            # computes may not.
+            # computes may not. Where it stops: --epochs sets it; a --config file's epochs only extends it (the
+            # run's own command again, its --config files included, put back the epochs an earlier --epochs had
+            # extended, and said "nothing to train" in the middle of the extension)
+            runtime = {k: getattr(given.train, k) for k in RESUME_OVERRIDES}
+            if args.epochs is None:
+                runtime["epochs"] = max(cfg.train.epochs, given.train.epochs)
             cfg = dataclasses.replace(
                 cfg,
-                train=dataclasses.replace(
-                    cfg.train, **{k: getattr(given.train, k) for k in RESUME_OVERRIDES}
-                ),
+                train=dataclasses.replace(cfg.train, **runtime),
                 data=dataclasses.replace(cfg.data, **{k: getattr(given.data, k) for k in DATA_LOCATIONS}),
             )
         else:
@@ -315,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
             # recipes/configs/default.json's ../shared/data, run from outside the checkout
             text += (
                 f" (a folder --config {' '.join(args.config)} gives; relative folders in a config are taken "
-                f"from where the command runs, here {Path.cwd()}: run it from there, or give the folders with "
+                f"from where the command runs, here {Path.cwd()}: run it from the folder they are relative to "
+                "(the checkout, for the bundled configs' ../shared/data), or give the folders with "
                 "--speech/--noise/--val-pairs or --root)"
             )
         print(f"tim-train: error: {text}", file=sys.stderr)

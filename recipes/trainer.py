@@ -281,10 +281,9 @@ class Trainer:
             # Round-trip the saved config so fields added since it was written take what the run did.
             changed = config_changes(saved_run_config(saved["config"]), self.cfg)
             if changed:
-                raise ValueError(
-                    f"{self.run_dir}: --resume with a different configuration than the run was started with ("
-                    + "; ".join(changed)
-                    + ")"
+                raise ValueError(  # (config.json edited by hand says so too: "then" is what state.pt holds)
+                    f"{self.run_dir}: --resume with a different configuration than the one its state.pt was "
+                    f"saved with ({'; '.join(changed)}; from config.json or the flags and --config files given)"
                 )
             self.model.load_state_dict(saved["model"])
             self.opt.load_state_dict(saved["optimizer"])

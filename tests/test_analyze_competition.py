@@ -135,6 +135,18 @@ def test_command_errors_are_messages_and_a_bad_file_is_skipped(tmp_path: Path, c
     )
     assert "skipped 0002" in capsys.readouterr().err
     assert (tmp_path / "out" / "maps_0001.png").is_file()
+    # no pair readable: an error, and no empty --out folder left behind
+    (tmp_path / "dev" / "noisy" / "0001.wav").write_bytes(b"RIFF broken")
+    none_read = tmp_path / "none-read"
+    assert main(["--checkpoint", str(ck), "--pairs", str(tmp_path / "dev"), "--out", str(none_read)]) == 2
+    assert "error: no pair could be read" in capsys.readouterr().err
+    assert not none_read.exists()
+    x = speech_like(1.0, seed=1)
+    sf.write(
+        tmp_path / "dev" / "noisy" / "0001.wav",
+        x + 0.01 * np.random.default_rng(1).standard_normal(len(x)),
+        16000,
+    )
     # a set whose clean side is silent has no speech frames: its AUCs are NaN, null in summary.json (a bare NaN
     # there was invalid JSON for strict parsers)
     sf.write(tmp_path / "dev" / "clean" / "0001.wav", np.zeros(16000, np.float32), 16000)

@@ -304,7 +304,7 @@ def test_ctrl_c_during_an_evaluation_is_one_line_exit_130_keeps_the_pairs_scored
     assert "limit: None then, 5 now" in other.stderr
     done = run("--resume")
     assert done.returncode == 0, done.stderr
-    assert f"resuming: {report['n_evaluated']} pairs scored before are kept" in done.stderr
+    assert f"resuming: the {report['n_evaluated']} pairs scored before are kept" in done.stderr
     final = json.loads((out / "summary.json").read_text())
     assert final["interrupted"] is False and final["n_evaluated"] == 12
     rows = read_csv(out / "per_file.csv")
@@ -314,6 +314,35 @@ def test_ctrl_c_during_an_evaluation_is_one_line_exit_130_keeps_the_pairs_scored
     assert rows[: len(before)] == before  # the pairs scored before were kept, not scored again
     again = run("--resume")
     assert again.returncode == 2 and "is complete: nothing to resume" in again.stderr
+    # the same means as an evaluation never interrupted (the kept rows come back from per_file.csv's 6 decimals:
+    # the means differed in the 7th significant digit)
+    whole = subprocess.run(
+        [*cmd, "--out", str(tmp_path / "whole"), "--threads", "1", "--no-dnsmos"],
+        capture_output=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert whole.returncode == 0, whole.stderr
+    assert (tmp_path / "whole" / "summary.csv").read_bytes() == (out / "summary.csv").read_bytes()
+
+
+def test_resume_refuses_other_weights_at_the_same_path_and_a_summary_that_is_not_one(tmp_path: Path) -> None:
+    """--resume compared the checkpoint's path only: other weights saved there since were scored into the same
+    tables. A summary.json that is JSON but not an object was an AttributeError traceback."""
+    from recipes.evaluate import resumable
+
+    settings = {"checkpoint": "/runs/a/best.safetensors", "checkpoint_sha256": "aa", "dnsmos": False}
+    (tmp_path / "per_file.csv").write_text("name,system,pesq\n")
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"interrupted": True, "dnsmos": False, "settings": settings}))
+    assert resumable(tmp_path, settings).rows == []
+    with pytest.raises(ValueError, match="checkpoint_sha256: 'aa' then, 'bb' now"):
+        resumable(tmp_path, {**settings, "checkpoint_sha256": "bb"})
+    for not_one in ("[]", '{"interrupted": true, "settings": [1]}'):
+        summary.write_text(not_one)
+        with pytest.raises(ValueError, match="holds no readable evaluation"):
+            resumable(tmp_path, settings)
 
 
 def test_evaluate_function_converts_skips_and_limits(tmp_path: Path) -> None:

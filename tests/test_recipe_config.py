@@ -188,3 +188,40 @@ def test_sigterm_before_training_stops_at_once_and_during_it_at_the_next_step() 
             os.kill(os.getpid(), signal.SIGTERM)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_an_unknown_key_names_the_config_file_that_holds_it(tmp_path: Path) -> None:
+    """With several --config files (or a hand-edited config.json on --resume) the error named neither file."""
+    import re
+
+    from recipes.train import build_parser, resolve
+
+    good = tmp_path / "good.json"
+    good.write_text('{"train": {"epochs": 3}, "data": {"mixing": {"segment_seconds": 2.0}}}')
+    for text, message in (
+        ('{"train": {"epoch": 3}}', "config.train: unknown key(s) ['epoch'] for TrainConfig"),
+        ('{"data": {"mixing": {"snr": 1}}}', "config.data.mixing: unknown key(s) ['snr'] for MixingConfig"),
+        ('{"trian": {}}', "config: unknown key(s) ['trian'] for RunConfig"),
+    ):
+        typo = tmp_path / "typo.json"
+        typo.write_text(text)
+        args = build_parser().parse_args(["--config", str(good), "--config", str(typo), "--out", "x"])
+        with pytest.raises(ValueError, match="^" + re.escape(f"{typo}: {message}")):
+            resolve(args)
+    # the parts need not be valid configurations alone: the recipe may come from a later file
+    root_only, dns = tmp_path / "root.json", tmp_path / "dns.json"
+    root_only.write_text(json.dumps({"data": {"root": str(tmp_path)}}))
+    dns.write_text('{"data": {"recipe": "dns"}}')
+    args = build_parser().parse_args(["--config", str(root_only), "--config", str(dns), "--out", "x"])
+    assert resolve(args).data.root == str(tmp_path)
+
+
+def test_resume_names_a_hand_edited_config_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from recipes.train import main as train_main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"train": {"model": "tiny", "epoch": 3}, "data": {}}')
+    assert train_main(["--out", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"tim-train: error: {run / 'config.json'}: config.train: unknown key(s) ['epoch']" in err, err

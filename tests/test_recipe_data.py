@@ -68,11 +68,20 @@ def test_a_link_to_a_listed_file_is_used_once(tmp_path: Path) -> None:
     trained); it is skipped with the reason."""
     _tone_corpus(tmp_path, 6)
     os.symlink(tmp_path / "speech" / "s00.wav", tmp_path / "speech" / "s99-link.wav")
+    # a link named before its file: the file was called the duplicate, and the link trained
+    os.symlink(tmp_path / "speech" / "s01.wav", tmp_path / "speech" / "a-link.wav")
     cfg = DataConfig(speech=(str(tmp_path / "speech"),), noise=(str(tmp_path / "noise"),))
     data = build(cfg, seed=2)
-    linked = [s for s in data.skipped if s.path.endswith("s99-link.wav")]
-    assert len(linked) == 1 and linked[0].reason.startswith("the same file as "), data.skipped
-    assert "s00.wav" in linked[0].reason
+    linked = {Path(s.path).name: s.reason for s in data.skipped}
+    assert sorted(linked) == ["a-link.wav", "s99-link.wav"], data.skipped
+    assert (
+        linked["s99-link.wav"]
+        == f"the same file as {tmp_path / 'speech' / 's00.wav'} (through a link): used once"
+    )
+    assert (
+        linked["a-link.wav"]
+        == f"the same file as {tmp_path / 'speech' / 's01.wav'} (through a link): used once"
+    )
 
 
 def test_voicebank_without_the_default_speakers_says_which_it_holds_out(

@@ -1742,6 +1742,32 @@ def test_resume_takes_runtime_settings_from_a_config_file_and_inf_beats_a_config
     more.write_text('{"train": {"epochs": 2}}')
     train_cli(["--out", str(run), "--resume", "--config", str(more)], tmp_path)
     assert len(metrics(run)) == 2
+    # a config file's epochs only extends: the first command's (1 epoch) again put the run back to 1 epoch, and a
+    # run stopped in the middle of an extension then said "nothing to train"
+    fewer = tmp_path / "fewer.json"
+    fewer.write_text('{"train": {"epochs": 1}}')
+    again = train_cli(["--out", str(run), "--resume", "--config", str(fewer)], tmp_path)
+    assert "has done all of its 2 epochs: nothing to train" in again.stdout, again.stdout
+    assert json.loads((run / "config.json").read_text())["train"]["epochs"] == 2
+    assert (
+        "already done 2 epochs"
+        in refused_train(["--out", str(run), "--resume", "--epochs", "1"], tmp_path).stderr
+    )
+
+
+def test_a_state_file_tim_train_did_not_write_is_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A foreign state.pt said "tim-train: error: config" (a KeyError's key), or ended in a traceback."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for foreign in ({"model": {"w": torch.zeros(2)}}, [1, 2]):
+        torch.save(foreign, run / "state.pt")
+        with in_process():
+            assert train_main(["--out", str(run), "--resume"]) == 2
+        err = capsys.readouterr().err
+        assert f"{run / 'state.pt'}: not a training state tim-train wrote (it lacks " in err, err
+        assert "Traceback" not in err
 
 
 def test_the_corpus_must_be_at_the_models_rate_and_an_empty_pool_says_why(tmp_path: Path) -> None:
