@@ -355,8 +355,9 @@ def open_audio(src: Any) -> sf.SoundFile:
     "bad data offset", "bad resource fork"), and memory has no name, so the server refused MP3 uploads that the
     CLI read from disk. Such bytes are opened from a temporary ``.mp3`` file, removed once libsndfile holds it
     open (at close where the OS cannot remove an open file)."""
+    start = src.tell() if isinstance(src, io.IOBase) and src.seekable() else None
     try:
-        return sf.SoundFile(src)
+        f = sf.SoundFile(src)
     except Exception as first:
         if not isinstance(src, io.BytesIO) or not _looks_like_mp3(bytes(src.getbuffer()[:4])):
             raise
@@ -374,11 +375,32 @@ def open_audio(src: Any) -> sf.SoundFile:
         except BaseException:
             os.unlink(tmp)
             raise
+    else:
+        if (
+            f.subtype.startswith("DWVW")
+            and f.seekable()
+            and (start is not None or not isinstance(src, io.IOBase))
+        ):
+            f.close()  # again, read in order (see SequentialFile)
+            if start is not None:
+                src.seek(start)
+            return SequentialFile(src)
+        return f
     try:
         os.unlink(tmp)
     except OSError:  # Windows: not while it is open
         weakref.finalize(f, _remove_quietly, tmp)
     return f
+
+
+class SequentialFile(sf.SoundFile):
+    """A file read front to back only. libsndfile says a DWVW-coded AIFF can seek, but every seek fails, and
+    soundfile seeks around each read ("Internal psf_fseek() failed."): such a file, which enhance-cli itself
+    writes with ``--subtype DWVW_16``, was refused as corrupt. Read as not seekable, as GSM is (see
+    :func:`read_frames`), all of it decodes."""
+
+    def seekable(self) -> bool:
+        return False
 
 
 def _remove_quietly(path: str) -> None:
@@ -530,7 +552,28 @@ def codec_error(fmt: str, subtype: str | None, rate: int, channels: int = 1) -> 
         return f"FLAC takes audio up to {FLAC_MAX_RATE} Hz and this is {rate} Hz"
     if fmt == "MP3" and rate not in MP3_RATES:
         return f"MP3 takes 8, 11.025, 12, 16, 22.05, 24, 32, 44.1 or 48 kHz audio and this is {rate} Hz"
+    stored = None if fmt in EXACT_RATE_CONTAINERS else _stored_rate(fmt, subtype, rate, channels)
+    if stored is not None and stored != rate:
+        return f"{fmt} cannot store {rate} Hz (its header would say {stored} Hz: the audio would play at the wrong speed)"
     return None
+
+
+# containers whose headers hold any rate they take exactly (the others are probed by _stored_rate)
+EXACT_RATE_CONTAINERS = frozenset({"WAV", "WAVEX", "W64", "RF64", "FLAC", "OGG", "MP3", "AIFF", "CAF", "AU"})
+
+
+def _stored_rate(fmt: str, subtype: str | None, rate: int, channels: int) -> int | None:
+    """The rate a one-frame file of ``fmt`` written at ``rate`` says it has (None: the probe failed, and the real
+    write will say why). libsndfile writes some containers at another rate without an error: SVX and MPC2K keep
+    it in 16 bits (96 kHz read back as 30464), WVE is always 8 kHz and XI 44.1 kHz, HTK and SDS store a period
+    (22050 read back as 22075): the output played at the wrong speed, and the run said it succeeded."""
+    buf = io.BytesIO()
+    try:
+        with sf.SoundFile(buf, "w", rate, channels, subtype, format=fmt) as f:
+            f.write(np.zeros((1, channels), np.float32))
+        return int(sf.info(io.BytesIO(buf.getvalue())).samplerate)
+    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError):
+        return None
 
 
 def format_fallback(fmt: str, rate: int, channels: int = 1) -> str:

@@ -284,7 +284,7 @@ def run_one(
                     "<stdin>: --stream reads raw PCM from stdin and writes it to stdout: use -o -"
                 )
             t0 = time.perf_counter()
-            n = stream_pcm(
+            n, warnings = stream_pcm(
                 ck.model,
                 sys.stdin.buffer,
                 sys.stdout.buffer,
@@ -303,6 +303,7 @@ def run_one(
                 channels=args.channels,
                 frames=n,
                 wall_seconds=time.perf_counter() - t0,
+                warnings=warnings,
             )
         options = FileOptions(
             block_seconds=args.chunk_seconds,
@@ -353,6 +354,7 @@ def run_one(
             out_subtype=args.subtype or implied,
             options=options,
             on_progress=PendingStop.check,  # a stop signal lost in libsndfile's read callback: raised again
+            format_chosen=args.format is not None,
         )
         PendingStop.check()  # before anything is written
         if dst == "-":
@@ -676,6 +678,13 @@ def _checked_targets(
     )
     if clash:
         parser.error(clash)
+    audio_out = {os.path.normcase(os.path.abspath(dst)) for _, dst in targets if dst != "-"}
+    on_audio = next((m for m in maps if m and os.path.normcase(os.path.abspath(m)) in audio_out), None)
+    if on_audio:  # written after the audio, it replaced the enhanced file, and the run said "ok"
+        parser.error(
+            f"--competition-map {on_audio}: is also an audio output; the map would replace the enhanced audio "
+            "(give them distinct names)"
+        )
     if (
         args.competition_map
         and many

@@ -31,6 +31,7 @@ from enhance.audio_io import (
     MAX_FLOAT_SAMPLE,
     UNKNOWN_LENGTH,
     AudioError,
+    AudioInfo,
     check_header,
     check_readable,
     codec_error,
@@ -340,12 +341,8 @@ def enhance_file(
     info = read_info(src_p)  # an unreadable input is reported as such before anything about the output
     fmt, implied = (out_format.upper(), None) if out_format else output_format(dst_p)
     out_subtype = out_subtype or implied
-    if not out_format and fmt == "WAV" and info.format == "WAVEX":
-        # a .wav of a WAVE_FORMAT_EXTENSIBLE input stays so, with the speaker mask of its channel count (5.1 for
-        # 6; it came out plain, the mask gone), where WAVEX holds its sample format (not ADPCM or GSM)
-        subtype = out_subtype or output_subtype("WAVEX", info.format, info.subtype)
-        if subtype is None or sf.check_format("WAVEX", subtype):
-            fmt = "WAVEX"
+    if not out_format:
+        fmt = extensible_kept(fmt, info, out_subtype)
     with new_output(dst_p, overwrite) as tmp:
         result = enhance_stream(
             model,
@@ -361,6 +358,16 @@ def enhance_file(
     return result
 
 
+def extensible_kept(fmt: str, info: AudioInfo, out_subtype: str | None) -> str:
+    """The container for an output whose format came from its name (or the WAV default), not from a choice:
+    ``fmt``, but a .wav of a WAVE_FORMAT_EXTENSIBLE input stays so, with the speaker mask of its channel count
+    (5.1 for 6; it came out plain, the mask gone), where WAVEX holds its sample format (not ADPCM or GSM)."""
+    if fmt != "WAV" or info.format != "WAVEX":
+        return fmt
+    subtype = out_subtype or output_subtype("WAVEX", info.format, info.subtype)
+    return "WAVEX" if subtype is None or sf.check_format("WAVEX", subtype) else fmt
+
+
 def enhance_bytes(
     model: Enhancer,
     data: bytes,
@@ -370,10 +377,16 @@ def enhance_bytes(
     out_subtype: str | None = None,
     options: FileOptions = FileOptions(),
     on_progress: Callable[[int], None] | None = None,
+    format_chosen: bool = True,
 ) -> tuple[bytes, FileResult]:
-    """Enhance an encoded file held in memory; returns the encoded result."""
+    """Enhance an encoded file held in memory; returns the encoded result. ``format_chosen=False``:
+    ``out_format`` came from the output's name or a default, so an extensible WAV input stays extensible
+    (:func:`extensible_kept`), as :func:`enhance_file` keeps it."""
     if not data:
         raise AudioError(f"{name}: empty input (0 bytes)")
+    if not format_chosen:
+        with contextlib.suppress(AudioError):  # unreadable: enhance_stream says why, naming the input
+            out_format = extensible_kept(out_format, read_info(io.BytesIO(data)), out_subtype)
     out = io.BytesIO()
     result = enhance_stream(
         model,

@@ -12,7 +12,6 @@ left out), without adding delay.
 
 from __future__ import annotations
 
-import sys
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -42,8 +41,9 @@ def stream_pcm(
     backend: Any = None,
     high_band: bool = True,
     low_latency: bool = False,
-) -> int:
-    """Enhance raw interleaved PCM from ``fin`` to ``fout`` until end of input; returns samples written.
+) -> tuple[int, list[str]]:
+    """Enhance raw interleaved PCM from ``fin`` to ``fout`` until end of input; returns the samples written (per
+    channel) and the warnings (input that ended inside a sample frame), for the caller to report.
     ``low_latency``: at rates other than 16 kHz, soxr's LQ resamplers, which hold back less audio than its HQ
     ones (the offline path's), as the WebSocket stream's ``"resampling": "low_latency"``."""
     width = frame_bytes(channels, pcm)
@@ -97,10 +97,8 @@ def stream_pcm(
             )
         write(stream.process(x))
     write(stream.finish())
-    if pending:
-        print(
-            f"enhance-cli: warning: <stdin> ended inside a sample frame: its last {len(pending)} byte(s) were "
-            f"left out ({width} bytes per frame of {channels} {pcm} sample(s))",
-            file=sys.stderr,
-        )
-    return stream.sent
+    warnings = [  # (printed here, it was missing from --json's "warnings")
+        f"<stdin> ended inside a sample frame: its last {len(pending)} byte(s) were left out ({width} bytes per "
+        f"frame of {channels} {pcm} sample(s))"
+    ]
+    return stream.sent, warnings if pending else []

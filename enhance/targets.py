@@ -154,7 +154,11 @@ def derived_suffix(src: str, fmt: str | None) -> str:
     fmt = fmt.upper()
     if named == (fmt, None):
         return suffix
-    return f".{fmt.lower()}"
+    return CONTAINER_SUFFIXES.get(fmt, f".{fmt.lower()}")
+
+
+# the extensions of the containers whose names are not theirs (a .wavex no player knew, and folder scans skipped)
+CONTAINER_SUFFIXES = {"WAVEX": ".wav", "MAT4": ".mat", "MAT5": ".mat"}
 
 
 def output_for(src: str, rel: str | None, output: str | None, as_dir: bool, fmt: str | None = None) -> str:

@@ -59,6 +59,8 @@ class LoadedModel:
 def _split_alias(spec: str) -> tuple[str | None, str]:
     alias, sep, path = spec.partition("=")
     if sep and alias and "/" not in alias and "\\" not in alias:
+        if not path:  # read as the path "" it was ".: a folder, not a checkpoint file"
+            raise CheckpointError(f"--checkpoint {spec}: no checkpoint file after '=' (ALIAS=PATH)")
         return alias, path
     return None, spec
 

@@ -335,13 +335,15 @@ async def analyze(
         check_output(info, name, audio.value)
     state = request.app.state
     timed = Timed()
-    headers = {"X-Model": lm.name, "X-Audio-Duration": f"{info.duration_s:.4f}"}
+    headers = {"X-Model": lm.name}
     if png:
-        image = await state.jobs.run_until_gone(
+        image, seconds = await state.jobs.run_until_gone(
             timed(lambda job: analyze_png(lm, upload.data, info, name, limits, job)),
             lambda: client_gone(request),
         )
-        state.metrics.audio_seconds.inc(info.duration_s, route="/v1/analyze")
+        # the audio that decoded, as /v1/enhance says it (a truncated file's header gives more)
+        state.metrics.audio_seconds.inc(seconds, route="/v1/analyze")
+        headers["X-Audio-Duration"] = f"{seconds:.4f}"
         headers["X-Processing-Seconds"] = f"{timed.seconds:.4f}"
         return Response(image, media_type="image/png", headers=headers)
     fmt = audio.value if audio is not None else None
@@ -350,6 +352,7 @@ async def analyze(
         lambda: client_gone(request),
     )
     state.metrics.audio_seconds.inc(body["duration_s"], route="/v1/analyze")
+    headers["X-Audio-Duration"] = f"{body['duration_s']:.4f}"
     headers["X-Processing-Seconds"] = f"{timed.seconds:.4f}"
     if body["warnings"]:  # as /v1/enhance sends them
         headers["X-Enhance-Warning"] = warning_header(body["warnings"])

@@ -235,8 +235,11 @@ def _matplotlib_missing() -> bool:
     return False
 
 
-def analyze_png(lm: LoadedModel, data: bytes, info: AudioInfo, name: str, limits: Limits, job: Job) -> bytes:
-    """The competition maps drawn under the input's spectrogram (``enhance.competition_map``'s figure)."""
+def analyze_png(
+    lm: LoadedModel, data: bytes, info: AudioInfo, name: str, limits: Limits, job: Job
+) -> tuple[bytes, float]:
+    """The competition maps drawn under the input's spectrogram (``enhance.competition_map``'s figure), and the
+    duration of the audio that decoded (a truncated file's is shorter than its header says)."""
     if _matplotlib_missing():  # before the model runs, and with the API's alternative, not the CLI's (.npz)
         raise ApiError(406, "png_unavailable", NO_MATPLOTLIB)
     _, result = _enhance_with_maps(lm, data, info, name, job, limits)
@@ -250,4 +253,4 @@ def analyze_png(lm: LoadedModel, data: bytes, info: AudioInfo, name: str, limits
                 save_competition_map(str(target), result.competition, lm.checkpoint, data, name)
         except ValueError:  # matplotlib missing (checked above; it could fail to import here all the same)
             raise ApiError(406, "png_unavailable", NO_MATPLOTLIB) from None
-        return target.read_bytes()
+        return target.read_bytes(), result.duration_s

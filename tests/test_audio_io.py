@@ -77,6 +77,20 @@ def test_codecs_read_only_sequentially_are_loaded(tmp_path: Path) -> None:
         assert np.corrcoef(wav[0, :n], x[:n])[0, 1] > 0.8, subtype  # lossy, but the same signal
 
 
+def test_a_dwvw_aiff_is_read_in_order(tmp_path: Path) -> None:
+    """libsndfile calls a DWVW-coded AIFF seekable, but its seeks fail, and soundfile seeks around each read: it
+    was "no audio decodes ... (corrupt?)", from a file, a pipe or an upload, though enhance-cli writes such
+    files itself (--subtype DWVW_16)."""
+    x = speech_like(0.5, 16000, seed=4)
+    path = tmp_path / "a.aiff"
+    sf.write(path, x, 16000, subtype="DWVW_16")
+    for source in (path, path.read_bytes()):
+        wav, info = load_audio(source)
+        assert info.subtype == "DWVW_16" and wav.shape == (1, len(x))
+        assert np.abs(wav[0] - x).max() < 1e-4  # 16-bit steps: lossless
+        assert read_info(source).frames == len(x)
+
+
 def test_a_flac_without_length_and_too_many_channels_say_so(tmp_path: Path) -> None:
     """libsndfile reports 2**63 - 1 frames for a FLAC whose header has no length, and fails at the first read;
     65 channels was "not a readable audio file (... 65 channels ...)" from the catch-all around the read."""

@@ -382,6 +382,12 @@ def test_a_wave_format_extensible_input_stays_extensible(tmp_path: Path, ckpt: s
     head = dst.read_bytes()[:64]
     assert struct.unpack("<H", head[20:22])[0] == 0xFFFE and struct.unpack("<I", head[40:44])[0] == 0x3F
     assert (sf.info(str(dst)).format, sf.info(str(dst)).subtype) == ("WAVEX", "PCM_24")
+    # from stdin too, to a file or to stdout (it came out plain there)
+    piped = tmp_path / "piped.wav"
+    proc = cli("-", "-o", str(piped), "--checkpoint", ckpt, "-q", stdin=src.read_bytes())
+    assert proc.returncode == 0 and sf.info(str(piped)).format == "WAVEX", proc.stderr
+    proc = cli("-", "-o", "-", "--checkpoint", ckpt, "-q", stdin=src.read_bytes())
+    assert proc.returncode == 0 and sf.info(io.BytesIO(proc.stdout)).format == "WAVEX", proc.stderr
     # plain where asked for, and where WAVEX cannot hold the sample format asked for (stereo: IMA ADPCM holds 2)
     sf.write(src, np.repeat(noisy(0.3, 48000), 2, axis=1), 48000, format="WAVEX", subtype="PCM_24")
     for extra, subtype in ((["--format", "WAV"], "PCM_24"), (["--subtype", "IMA_ADPCM"], "IMA_ADPCM")):
@@ -912,9 +918,13 @@ def test_cuda_without_cuda_is_a_usage_error(tmp_path: Path, ckpt: str) -> None:
 
 def test_raw_pipe_reports_a_cut_sample_and_an_encoded_file(tmp_path: Path, ckpt: str) -> None:
     pcm = (noisy(0.3, 16000)[:, 0] * 20000).astype("<i2").tobytes()
-    proc = cli("--stream", "-", "-o", "-", "--checkpoint", ckpt, stdin=pcm + b"\x01")
+    proc = cli("--stream", "-", "-o", "-", "--checkpoint", ckpt, "--json", stdin=pcm + b"\x01")
     assert proc.returncode == 0 and len(proc.stdout) == len(pcm)
-    assert b"ended inside a sample frame: its last 1 byte(s) were left out" in proc.stderr
+    said = "<stdin> ended inside a sample frame: its last 1 byte(s) were left out"
+    assert f"enhance-cli: warning: {said}".encode() in proc.stderr
+    # and in --json's summary (on stderr, after the warning line), where it was missing
+    [result] = json.loads(proc.stderr[proc.stderr.index(b"\n{") :])["files"]
+    assert result["warnings"] and result["warnings"][0].startswith(said), result
     buf = io.BytesIO()
     sf.write(buf, noisy(0.3, 16000), 16000, format="FLAC")
     proc = cli("--stream", "-", "-o", "-", "--checkpoint", ckpt, stdin=buf.getvalue())
@@ -979,6 +989,10 @@ def test_format_names_the_outputs_it_makes(tmp_path: Path, ckpt: str) -> None:
     proc = cli(str(d / "a.wav"), "--format", "FLAC", "--checkpoint", ckpt)
     assert proc.returncode == 0, proc.stderr.decode()
     assert sf.info(str(d / "a.enhanced.flac")).format == "FLAC" and not (d / "a.enhanced.wav").exists()
+    # WAVEX is a .wav (it was named .wavex, which no player knew and folder scans skipped)
+    proc = cli(str(d / "sub" / "b.wav"), "--format", "wavex", "--checkpoint", ckpt)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert sf.info(str(d / "sub" / "b.enhanced.wav")).format == "WAVEX"
 
 
 def test_a_folder_or_glob_of_one_file_writes_into_the_output_folder(tmp_path: Path, ckpt: str) -> None:
@@ -1185,6 +1199,24 @@ def test_a_rate_flac_cannot_hold_suggests_wav_only() -> None:
     assert format_fallback("MP3", 16000, 3) == ".flac or .wav" and format_fallback("OGG", 16000, 9) == ".wav"
 
 
+def test_a_container_that_would_store_another_rate_is_refused(tmp_path: Path, ckpt: str) -> None:
+    """libsndfile writes some containers at another rate without an error (XI is always 44.1 kHz, SVX keeps the
+    rate in 16 bits, HTK stores a period): the output played at the wrong speed and the run said "ok"."""
+    from enhance.audio_io import codec_error
+
+    assert codec_error("SVX", None, 96000) == (
+        "SVX cannot store 96000 Hz (its header would say 30464 Hz: the audio would play at the wrong speed)"
+    )
+    assert codec_error("HTK", None, 22050) is not None and codec_error("HTK", None, 16000) is None
+    assert codec_error("SVX", None, 48000) is None and codec_error("WAV", None, 96000) is None
+    src = tmp_path / "a.wav"
+    sf.write(src, noisy(0.2, 16000), 16000)
+    proc = cli(str(src), "-o", str(tmp_path / "a.xi"), "--checkpoint", ckpt)
+    assert proc.returncode == 1, proc.stderr
+    assert b"XI cannot store 16000 Hz (its header would say 44100 Hz" in proc.stderr, proc.stderr
+    assert b"write .flac or .wav instead" in proc.stderr and list(tmp_path.iterdir()) == [src]
+
+
 def test_an_output_never_replaces_another_input(tmp_path: Path, ckpt: str) -> None:
     """``a.wav a.enhanced.wav --overwrite``: a.wav's output is the second input; it was replaced, then enhanced
     again."""
@@ -1374,6 +1406,14 @@ def test_stdin_or_a_map_that_would_replace_an_input(tmp_path: Path, ckpt: str) -
     )
     assert proc.returncode == 2 and b"is an input file; the map would replace it" in proc.stderr, proc.stderr
     assert src.read_bytes() == before == take.read_bytes() and not (tmp_path / "t.wav").exists()
+    # the audio output's own name: the map replaced the enhanced audio, and the run said "ok"
+    same = tmp_path / "out.npz"
+    proc = cli(
+        str(src), "-o", str(same), "--format", "WAV", "--competition-map", str(same), "--checkpoint", ckpt
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert b"is also an audio output; the map would replace the enhanced audio" in proc.stderr, proc.stderr
+    assert not same.exists()
 
 
 def test_output_paths_that_cannot_be_written_say_why(tmp_path: Path, ckpt: str) -> None:

@@ -400,6 +400,13 @@ def test_a_cut_mp3_is_enhanced_as_far_as_it_decodes_and_the_response_says_so(cli
     assert resp.status_code == 200, resp.text
     assert f"ends after {decoded} of the {header} frames" in resp.headers["X-Enhance-Warning"]
     assert len(sf.read(io.BytesIO(resp.content))[0]) == decoded
+    # every route gives the duration that decoded (/v1/analyze gave the header's)
+    seconds = decoded / 16000
+    assert float(resp.headers["X-Audio-Duration"]) == pytest.approx(seconds, abs=1e-4)
+    for query in ("", "?format=png", "?audio=wav"):
+        analysis = client.post(f"/v1/analyze{query}", content=cut, headers={"Content-Type": "audio/mpeg"})
+        assert analysis.status_code == 200, analysis.text
+        assert float(analysis.headers["X-Audio-Duration"]) == pytest.approx(seconds, abs=1e-4), query
     whole = client.post(
         "/v1/enhance", content=wav_bytes(noisy(0.5, 16000), 16000), headers={"Content-Type": WAV}
     )
@@ -1920,6 +1927,11 @@ def test_enhance_server_command(checkpoint: Path, tmp_path: Path) -> None:
     missing = tmp_path / "missing.safetensors"
     for args, message in (
         (["--checkpoint", str(missing)], f"enhance-server: {missing}: no such checkpoint file"),
+        # it said ".: a folder, not a checkpoint file"
+        (
+            ["--checkpoint", "a="],
+            "enhance-server: --checkpoint a=: no checkpoint file after '=' (ALIAS=PATH)",
+        ),
         (
             ["--model", "no-such-bundled-model"],
             "enhance-server: no bundled model named 'no-such-bundled-model' (bundled: ",
