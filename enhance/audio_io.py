@@ -486,6 +486,27 @@ def sample_value_error(wav: np.ndarray) -> str | None:
     return f"{beyond} sample(s) beyond ±{MAX_FLOAT_SAMPLE:g} (float audio is expected within about ±1)"
 
 
+def check_chunk(chunk: np.ndarray, channels: int) -> None:
+    """Refuse (ValueError) a streamed chunk that is not float ``[channels, n]`` samples within
+    ±:data:`MAX_FLOAT_SAMPLE` and finite: what :meth:`enhance.streaming.StreamingEnhancer.process` takes, and
+    what :class:`enhance.rate_bridge.RateBridge` checks before its resampler takes anything in (it took int16
+    PCM as floats 32768 times too loud, and a NaN chunk, whose resampled NaN the engine then refused in the
+    next, valid chunks)."""
+    if not np.issubdtype(chunk.dtype, np.floating):
+        raise ValueError(sample_layout_error(chunk, f"[{channels}, n]"))
+    if chunk.ndim != 2 or chunk.shape[0] != channels:
+        transposed = chunk.ndim == 2 and chunk.shape[1] == channels
+        hint = (
+            " (for [n, channels] arrays, such as soundfile's and sounddevice's, pass chunk.T)"
+            if transposed
+            else ""
+        )
+        raise ValueError(f"expected [{channels}, n] samples, got {tuple(chunk.shape)}{hint}")
+    problem = sample_value_error(chunk)  # before any cast: 1e39 in float64 is inf in float32
+    if problem:
+        raise ValueError(f"chunk: {problem}")
+
+
 def check_audio(wav: np.ndarray, name: str = "<audio>") -> None:
     """Refuse what cannot be enhanced: not float [channels, samples] (see :func:`sample_layout_error`), no
     samples, or NaN/inf samples or ones beyond ±:data:`MAX_FLOAT_SAMPLE`."""

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import soxr
 
-from enhance.audio_io import MODEL_RATE
+from enhance.audio_io import MODEL_RATE, check_chunk
 from enhance.high_band import HighBand
 
 
@@ -39,9 +39,12 @@ class RateBridge:
         self.band = HighBand(rate, channels, quality=quality) if high_band and rate > MODEL_RATE else None
 
     def to_model(self, x: np.ndarray, last: bool = False) -> np.ndarray:
-        """``[C, n]`` at the stream's rate -> ``[C, m]`` at 16 kHz."""
+        """``[C, n]`` float samples at the stream's rate -> ``[C, m]`` at 16 kHz. A chunk the engine would refuse
+        raises its ValueError here, before the resampler takes any of it in (at 16 kHz the engine checks)."""
         if self.down is None:
             return x
+        x = np.asarray(x)
+        check_chunk(x, self.channels)
         x16 = self._through(self.down, x, last)
         if self.band is not None:
             self.band.add_input(x.T, x16, last)
@@ -62,6 +65,9 @@ class RateBridge:
         return np.asarray(y, np.float32).reshape(-1, self.channels)
 
 
+STEADY_FRAMES = 30_000  # 10-ms frames of the dry run after output begins: 5 minutes
+
+
 @functools.lru_cache(maxsize=64)
 def resampling_ms(rate: int, quality: str = "HQ", engine_latency: int = 768, hop: int = 256) -> float:
     """How much a :class:`RateBridge` of ``quality`` adds to the streaming engine's delay (ms; 0 at the engine's rate;
@@ -69,7 +75,10 @@ def resampling_ms(rate: int, quality: str = "HQ", engine_latency: int = 768, hop
     frames (the WebSocket stream's ``ready.resampling_ms``): soxr's streams compensate their filters' delay by holding samples back. A dry run of the
     resamplers with the engine's hold between them (the engine emits whole hops, ``engine_latency - hop``
     samples behind its input; no model runs): their holds do not simply add, as the engine takes whatever the
-    first resampler gives in bursts of whole hops (at 1.5 kHz the two alone said 889 ms and held 1085 with it)."""
+    first resampler gives in bursts of whole hops (at 1.5 kHz the two alone said 889 ms and held 1085 with it).
+    The most held over 5 minutes of steady state: soxr's bursts beat with the hops over long periods (a 5-s run
+    said 97 ms at 12 kHz, where a stream held 151 after 11 s; 5 minutes give 153, and 10 more minutes add at
+    most a few ms at the rates tried). About 0.3 s of work, once per rate and quality (cached)."""
     if rate == MODEL_RATE:
         return 0.0
     bridge = RateBridge(rate, 1, high_band=False, quality=quality)  # the band holds nothing
@@ -77,7 +86,7 @@ def resampling_ms(rate: int, quality: str = "HQ", engine_latency: int = 768, hop
     frame = np.zeros((1, step), np.float32)
     into_engine = out_of_engine = 0
     started = None  # the frame at which output began: below about 2 kHz, more than 1 s is held back
-    for i in range(3000):  # 30 s at most
+    for i in range(STEADY_FRAMES + 3000):  # (output starts within 30 s)
         into_engine += bridge.to_model(frame).shape[1]
         final = max(0, (into_engine - (engine_latency - hop)) // hop * hop)
         y = np.zeros((1, final - out_of_engine), np.float32)
@@ -87,7 +96,7 @@ def resampling_ms(rate: int, quality: str = "HQ", engine_latency: int = 768, hop
         held.append(fed - out)
         if started is None and out > 0:
             started = i
-        if started is not None and i >= started + 500:  # 5 s of steady state after the start-up
+        if started is not None and i >= started + STEADY_FRAMES:
             break
     ms = 1000.0 * max(held[10:]) / rate - 1000.0 * engine_latency / MODEL_RATE
     return math.ceil(round(10.0 * ms, 6)) / 10.0  # rounded up: announced, it is a bound

@@ -43,9 +43,11 @@ class RateStream:
         return y
 
     def process(self, x: np.ndarray) -> np.ndarray:
-        """Enhanced samples that became final with ``x``."""
+        """Enhanced samples that became final with ``x`` (a chunk the engine refuses raises its ValueError and
+        changes nothing)."""
+        y16 = self.engine.process(self.bridge.to_model(x))
         self.received += x.shape[1]
-        return self._take(self.bridge.from_model(self.engine.process(self.bridge.to_model(x))))
+        return self._take(self.bridge.from_model(y16))
 
     def process_last(self, x: np.ndarray) -> np.ndarray:
         """``x`` is the stream's last audio: enhance it and flush, as :meth:`process` then :meth:`finish`."""

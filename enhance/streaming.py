@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from enhance.audio_io import MAX_CHANNELS, sample_layout_error, sample_value_error
+from enhance.audio_io import MAX_CHANNELS, check_chunk
 from enhance.dc_blocker import DCState, block_dc
 from enhance.step_backend import FrameBackend, StepBackend
 from enhance.stft import analysis_frames, apply_magnitude, log_magnitude, overlap_add, synthesis_frames
@@ -141,19 +141,7 @@ class StreamingEnhancer:
 
     def _process(self, chunk: np.ndarray) -> np.ndarray:
         st = self.state
-        if not np.issubdtype(chunk.dtype, np.floating):
-            raise ValueError(sample_layout_error(chunk, f"[{st.channels}, n]"))
-        if chunk.ndim != 2 or chunk.shape[0] != st.channels:
-            transposed = chunk.ndim == 2 and chunk.shape[1] == st.channels
-            hint = (
-                " (for [n, channels] arrays, such as soundfile's and sounddevice's, pass chunk.T)"
-                if transposed
-                else ""
-            )
-            raise ValueError(f"expected [{st.channels}, n] samples, got {tuple(chunk.shape)}{hint}")
-        problem = sample_value_error(chunk)  # before the cast: 1e39 in float64 is inf in float32
-        if problem:
-            raise ValueError(f"chunk: {problem}")
+        check_chunk(chunk, st.channels)
         if st.received == 0 and chunk.shape[1]:
             # a new stream; an empty chunk leaves the flushed stream's maps readable (it cleared them)
             self._maps = []

@@ -289,7 +289,7 @@ async def _serve(ws: WebSocket, start: StreamStart) -> str:
     engine = StreamingEnhancer(lm.streaming_model, start.channels, backend=lm.stream_backend)
     session = Session(engine, start)
     limit = int(cfg.max_stream_s * start.sample_rate)
-    # a 1-s dry run of the resamplers the first time a rate is seen (cached): not on the event loop
+    # a dry run of the resamplers (about 0.5 s) the first time a rate is seen (cached): not on the event loop
     resampling = await anyio.to_thread.run_sync(
         resampling_ms,
         start.sample_rate,

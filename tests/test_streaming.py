@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -890,3 +891,57 @@ def test_streaming_at_another_rate_through_the_rate_bridge_equals_offline(rate: 
     assert y.shape == ref.shape == x.shape
     assert np.abs(y - ref).max() < 1e-5
     assert 0 < resampling_ms(rate) < 250 and resampling_ms(16000) == 0
+
+
+def test_a_stream_at_12_khz_holds_back_no_more_than_ready_says() -> None:
+    """resampling_ms (the WebSocket's ready.resampling_ms) is a bound on what a stream holds back: from a 5-s dry
+    run it said 97 ms at 12 kHz, where a stream of 10-ms frames held 151 beyond the engine's delay after 11 s
+    (soxr's bursts beat with the engine's hops over a long period)."""
+    from enhance.rate_bridge import resampling_ms
+    from enhance.rate_stream import RateStream
+
+    rate, step = 12000, 120
+    engine = StreamingEnhancer(_model("tiny").float())
+    stream = RateStream(engine, rate)
+    bound = (
+        engine.latency_ms + resampling_ms(rate, "HQ", engine.latency_samples, engine.cfg.hop_length)
+    ) / 1000
+    frame = (0.1 * np.random.default_rng(3).standard_normal((1, step))).astype(np.float32)
+    held = []
+    for _ in range(1500):  # 15 s
+        stream.process(frame)
+        held.append(stream.received - stream.sent)
+    assert max(held) / rate <= bound + 1e-9, (max(held) / rate, bound)
+    assert max(held) / rate > bound - 0.02  # the bound is close: the stream reaches it within 20 ms
+
+
+@pytest.mark.parametrize("rate", [48000, 16000])
+def test_the_rate_bridge_refuses_what_the_engine_refuses_before_taking_it_in(rate: int) -> None:
+    """Through the bridge, int16 PCM was taken as floats 32768 times too loud (no error), and a NaN chunk went
+    into the resampler unchecked: the engine then refused the next, valid chunks, which carried its samples."""
+    from enhance.rate_stream import RateStream
+
+    model = _model("tiny").float()
+    x = (0.1 * np.random.default_rng(5).standard_normal((1, rate))).astype(np.float32)
+    step = rate // 100
+    whole = RateStream(StreamingEnhancer(model), rate)
+    ref = np.concatenate(
+        [whole.process(x[:, i : i + step]) for i in range(0, rate, step)] + [whole.finish()], 1
+    )
+    stream = RateStream(StreamingEnhancer(model), rate)
+    out = []
+    for i in range(0, rate, step):
+        if i == rate // 2:
+            for bad, says in (
+                ((x[:, i : i + step] * 32768).astype(np.int16), "integer PCM: divide by 32768"),
+                (np.full((1, step), np.nan, np.float32), f"chunk: {step} sample(s) are NaN or infinite"),
+                (np.full((1, step), 2000.0, np.float32), "beyond ±1000"),
+                (x[:, i : i + step].T.copy(), "pass chunk.T"),
+            ):
+                with pytest.raises(ValueError, match=re.escape(says)):
+                    stream.process(bad)
+        out.append(
+            stream.process(x[:, i : i + step])
+        )  # every valid chunk is taken, as if none had been refused
+    y = np.concatenate([*out, stream.finish()], axis=1)
+    assert y.shape == ref.shape and np.array_equal(y, ref)

@@ -322,6 +322,39 @@ def test_a_page_opened_while_the_model_loads_lists_it_once_loaded(tmp_path: Path
         assert not b.errors, b.errors
 
 
+def test_a_model_that_failed_to_load_is_an_error_and_a_non_latin1_key_is_named(tmp_path: Path) -> None:
+    """A failed load (503 model_unavailable) showed "loading" for good, polled every second, retried uploads as
+    "busy" and wiped their error. A key with a character a header cannot hold (a pasted zero-width space) read
+    as "the server cannot be reached"."""
+    from models import CheckpointError
+
+    ck = tiny_checkpoint(tmp_path / "tiny.safetensors")
+    audio = tmp_path / "a.wav"
+    audio.write_bytes(wav_bytes(noisy(0.5, 16000, 1), 16000))
+
+    def failing(config: ServerConfig) -> Any:
+        raise CheckpointError("broken weights")
+
+    config = ServerConfig(checkpoints=(str(ck),), threads=1, retry_after_s=1)
+    with run_server(config, loader=failing, wait_ready=False) as srv, browser_on(srv) as b:
+        gets: list[str] = []
+        b.page.on("request", lambda r: "v1/models" in r.url and gets.append(r.url))
+        b.page.goto(srv.url + "/")
+        b.page.wait_for_function("document.body.dataset.state === 'error'", timeout=20000)
+        assert "the model failed to load" in b.status() and "must be restarted" in b.status(), b.status()
+        assert b.upload(audio) == "error"
+        assert "the model failed to load" in b.status() and "busy" not in b.status(), b.status()
+        b.page.wait_for_timeout(2500)  # a poll would have come every second (retry_after_s)
+        assert len(gets) == 1, gets  # no polling
+        assert b.posts_to("v1/analyze") == 1  # the upload was not retried
+        assert "the model failed to load" in b.status(), b.status()  # nothing wiped it
+        b.page.fill("#api-key", "secret\u200b")
+        b.page.evaluate("document.body.dataset.state = 'idle'")
+        assert b.upload(audio) == "error"
+        assert "the API key holds a character that cannot be sent" in b.status(), b.status()
+        assert not b.errors, b.errors
+
+
 def test_both_requests_of_a_run_use_the_model_chosen_when_it_started(tmp_path: Path) -> None:
     """Each request read the menu when it was sent: a model picked mid-run gave one model's audio beside another
     model's maps."""

@@ -22,6 +22,11 @@ function setState(state, message) {
 
 function authHeaders() {
   const key = $("api-key").value.trim();
+  // a header holds Latin-1 only: fetch threw a TypeError that read as "the server cannot be reached"
+  if (/[^\x20-\x7e]/.test(key)) {
+    throw new Error("the API key holds a character that cannot be sent (a pasted invisible space, or a letter " +
+      "outside ASCII?): type it again");
+  }
   return key ? { "X-API-Key": key } : {};
 }
 
@@ -67,7 +72,8 @@ async function post(path, blob, name, model, signal) {
     const form = new FormData();
     form.append("file", blob, name);
     const resp = await fetch(url, { method: "POST", body: form, headers: authHeaders(), signal });
-    if (resp.status !== 503 || attempt >= 4) return resp;
+    // a model that failed to load never comes back: its 503 is the answer, not "busy"
+    if (resp.status !== 503 || attempt >= 4 || (await errorCode(resp)) === "model_unavailable") return resp;
     const wait = retryAfter(resp), before = $("status").textContent;
     setState("working", `Server busy, retrying in ${wait} s…`);
     await new Promise((r) => setTimeout(r, wait * 1000));
@@ -420,6 +426,11 @@ function stillRecording() {
 async function loadModels() {
   try {
     const resp = await fetch("v1/models", { headers: authHeaders() });
+    if (resp.status === 503 && (await errorCode(resp)) === "model_unavailable") {
+      // loading failed, for good: say so (it was "loading" forever, and wiped an upload's error each second)
+      setState("error", `Models: ${await errorText(resp)}; the server must be restarted`);
+      return;
+    }
     if (resp.status === 503) {  // still loading: ask again (an error here stayed on screen for good)
       if (["idle", "error", undefined].includes(document.body.dataset.state)) setState("idle", LOADING_TEXT);
       setTimeout(loadModels, retryAfter(resp) * 1000);
