@@ -761,7 +761,7 @@ def test_stream_high_band_drop_equals_offline_without_it(server: RunningServer, 
 @pytest.mark.parametrize("rate", [1000, 1500, 4000, 22050, 48000, 96000])
 def test_the_announced_delay_covers_what_a_session_holds_back_at_any_rate(model: Enhancer, rate: int) -> None:
     """A stream's Session (resamplers, real engine) fed 10-ms frames for 6 s holds back at most what ready
-    announces, and not much less. The resamplers' dry run without the engine between them said 889 ms at
+    announces, and not much less (test_streaming has a 12 kHz stream reach the 5-minute bound after 11 s). The resamplers' dry run without the engine between them said 889 ms at
     1.5 kHz, where 1133 were held, and 67 ms at 48 kHz, where the stream held 50 beyond the engine's 48."""
     from enhance.rate_bridge import resampling_ms
     from enhance.streaming import StreamingEnhancer
@@ -778,7 +778,9 @@ def test_the_announced_delay_covers_what_a_session_holds_back_at_any_rate(model:
         fed += step
         held.append(1000.0 * (fed - out) / rate)
     assert max(held) <= announced + 1e-6, (max(held), announced)
-    assert max(held) >= announced - 0.05 * announced - 3.0, (max(held), announced)
+    # not much less: the bound is the most held over 5 minutes, which 6 s come within 10 % of (1 kHz: 1790 of
+    # 1940 ms; within 5 % at the other rates)
+    assert max(held) >= announced - 0.1 * announced - 3.0, (max(held), announced)
 
 
 @pytest.mark.parametrize(("rate", "resampling"), [(48000, "high"), (48000, "low_latency"), (44100, "high")])
