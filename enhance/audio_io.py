@@ -532,7 +532,8 @@ def load_mono_16k(source: Source) -> tuple[np.ndarray, int, int]:
 def whole_rate(rate: float) -> int:
     """A sample rate as an int: 44100.0 is 44100 (a float rate crashed the high band's indexing); 44100.5, 0 and
     negative ones are refused."""
-    if isinstance(rate, bool) or not float(rate).is_integer() or rate < 1:
+    number = isinstance(rate, int | float | np.integer | np.floating) and not isinstance(rate, bool)
+    if not number or not float(rate).is_integer() or rate < 1:  # (a str "16000" was a TypeError from '<')
         raise ValueError(f"sample_rate must be a whole number of Hz above 0, got {rate!r}")
     return int(rate)
 

@@ -5,6 +5,7 @@ Each has a model card ``<name>.md`` beside it (data, licences, epochs, measured 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -21,7 +22,8 @@ def available() -> list[str]:
 
 def pretrained_path(name: str = DEFAULT_MODEL) -> Path:
     path = PRETRAINED_DIR / f"{name}.safetensors"
-    if not path.is_file():
+    # a name, not a path: "../x" named a file outside the bundled folder
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) or not path.is_file():
         known = ", ".join(available()) or "none"
         raise CheckpointError(f"no bundled model named '{name}' (bundled: {known})")
     return path

@@ -206,8 +206,9 @@ def test_a_whole_float_rate_and_float16_audio_are_taken_at_any_rate(tiny: Enhanc
     assert out.dtype == np.float32 and np.array_equal(
         out, enhance_audio(tiny, half.astype(np.float32), 44100).wav
     )
-    with pytest.raises(ValueError, match="whole number of Hz"):
-        enhance_audio(tiny, x, 44100.5)
+    for bad in (44100.5, "44100", True):  # a str was a TypeError from comparing it with 1
+        with pytest.raises(ValueError, match="whole number of Hz"):
+            enhance_audio(tiny, x, bad)  # type: ignore[arg-type]
 
 
 def test_any_rate_comes_back_at_its_rate_and_length(tiny: Enhancer) -> None:

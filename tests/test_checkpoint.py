@@ -3,6 +3,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -292,3 +293,14 @@ def test_the_same_model_saved_in_two_processes_gives_the_same_bytes(tmp_path: Pa
     first = (tmp_path / "m.safetensors").read_bytes()
     assert all((tmp_path / f"again{i}.safetensors").read_bytes() == first for i in range(3))
     assert load_checkpoint(tmp_path / "again0.safetensors").training == {"b": 1, "a": 2}
+
+
+def test_a_bundled_model_name_is_a_name_not_a_path() -> None:
+    """load_pretrained("../pretrained/default") loaded a file by a path outside the bundled folder."""
+    from models import CheckpointError
+    from models.pretrained import pretrained_path
+
+    assert pretrained_path("default").name == "default.safetensors"
+    for name in ("../pretrained/default", "./default", "/etc/default", ""):
+        with pytest.raises(CheckpointError, match=f"no bundled model named '{re.escape(name)}'"):
+            pretrained_path(name)
