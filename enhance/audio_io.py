@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import mmap
 import os
 import re
 import sys
@@ -347,6 +348,34 @@ def header_frames(fin: sf.SoundFile) -> int | None:
     if not 0 < real < said - 1 < 0x7FFF0000 or fin.frames == 0:
         return None
     return max(fin.frames + 1, round(fin.frames * said / real))
+
+
+_OGG_PAGE = re.compile(rb"OggS\x00([\x00-\x07])")  # a page's capture pattern, version 0 and its flags
+
+
+def ogg_chain_length(src: Any) -> int:
+    """How many Ogg streams a file chains one after another (1: a plain file): a stream's first page (flag 2)
+    after another's last (flag 4). libsndfile reads the first only: ``cat a.ogg b.ogg`` (joined takes, a radio
+    dump) came out as a.ogg's audio alone, without a word. ``src``: a path, or a ``BytesIO``; 1 for others."""
+    if isinstance(src, io.BytesIO):
+        return _chained(src.getbuffer())
+    if not isinstance(src, str | bytes | os.PathLike) or not os.path.isfile(src):
+        return 1
+    with open(src, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return 1
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return _chained(data)
+
+
+def _chained(data: Any) -> int:
+    streams, ended = 1, False
+    for page in _OGG_PAGE.finditer(data):
+        flags = page.group(1)[0]
+        if flags & 2 and ended:
+            streams, ended = streams + 1, False
+        ended = ended or bool(flags & 4)
+    return streams
 
 
 def open_audio(src: Any) -> sf.SoundFile:

@@ -39,6 +39,7 @@ from enhance.audio_io import (
     fs_path,
     header_frames,
     missing,
+    ogg_chain_length,
     open_audio,
     output_format,
     pcm_frames,
@@ -206,6 +207,12 @@ def enhance_stream(
             warnings.append(
                 f"{name}: the file ends after {frames} of the about {declared} frames its header gives (a truncated "
                 f"file); the output holds the {frames} that are there"
+            )
+        chained = ogg_chain_length(fs_path(src)) if fin.format == "OGG" else 1
+        if chained > 1:
+            warnings.append(
+                f"{name}: {chained} Ogg streams chained one after another; libsndfile reads the first only, so the "
+                f"output holds its {frames / rate:.1f} s (split the file, e.g. with ffmpeg, to enhance the rest)"
             )
         try:
             fout = sf.SoundFile(fs_path(dst), "w", rate, channels, subtype, format=fmt)

@@ -91,6 +91,23 @@ def test_a_dwvw_aiff_is_read_in_order(tmp_path: Path) -> None:
         assert read_info(source).frames == len(x)
 
 
+def test_chained_ogg_streams_are_counted(tmp_path: Path) -> None:
+    """libsndfile reads the first stream of a chained Ogg file only (`cat a.ogg b.ogg`): the rest was dropped
+    without a word. The count finds the chain in a file or in memory, and a plain file is 1."""
+    from enhance.audio_io import ogg_chain_length
+
+    x = speech_like(0.5, 16000, seed=5)
+    for subtype, suffix in (("VORBIS", "ogg"), ("OPUS", "opus")):
+        one = tmp_path / f"one.{suffix}"
+        sf.write(one, x, 16000, format="OGG", subtype=subtype)
+        chain = tmp_path / f"chain.{suffix}"
+        chain.write_bytes(one.read_bytes() * 3)
+        assert ogg_chain_length(one) == 1 and ogg_chain_length(chain) == 3
+        assert ogg_chain_length(io.BytesIO(chain.read_bytes())) == 3
+    (tmp_path / "empty.ogg").write_bytes(b"")
+    assert ogg_chain_length(tmp_path / "empty.ogg") == 1
+
+
 def test_a_flac_without_length_and_too_many_channels_say_so(tmp_path: Path) -> None:
     """libsndfile reports 2**63 - 1 frames for a FLAC whose header has no length, and fails at the first read;
     65 channels was "not a readable audio file (... 65 channels ...)" from the catch-all around the read."""

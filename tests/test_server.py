@@ -413,6 +413,16 @@ def test_a_cut_mp3_is_enhanced_as_far_as_it_decodes_and_the_response_says_so(cli
     assert whole.status_code == 200 and "X-Enhance-Warning" not in whole.headers
 
 
+def test_a_chained_ogg_upload_says_only_its_first_stream_was_enhanced(client: httpx.Client) -> None:
+    """libsndfile reads the first of chained Ogg streams only: the rest was dropped without a warning."""
+    one = wav_bytes(noisy(0.5, 16000), 16000, fmt="OGG", subtype="VORBIS")
+    resp = client.post("/v1/enhance", content=one * 2, headers={"Content-Type": "audio/ogg"})
+    assert resp.status_code == 200, resp.text
+    assert "2 Ogg streams chained one after another" in resp.headers["X-Enhance-Warning"]
+    plain = client.post("/v1/enhance", content=one, headers={"Content-Type": "audio/ogg"})
+    assert plain.status_code == 200 and "X-Enhance-Warning" not in plain.headers
+
+
 def test_a_wav_cut_in_transit_is_enhanced_and_the_response_says_so(client: httpx.Client) -> None:
     """libsndfile shortens a cut WAV's length to what arrived, so the upload got 200 with half its audio and no
     warning (a cut MP3 got one)."""
