@@ -30,6 +30,7 @@ import numpy as np
 import soundfile as sf
 from machine import command_line, cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
 from model_arg import add_model_args, model_cli_args
+from sigterm import exit_on_sigterm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,6 +92,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, help="the table's file (default: bench/results/offline-<device>.md)")
     args = ap.parse_args()
+    exit_on_sigterm()  # the CLI run it waits for is killed, its temporary files removed
     try:
         return run(args)
     except RuntimeError as exc:  # enhance-cli's own message (a missing checkpoint, a bad device)

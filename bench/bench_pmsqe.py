@@ -31,6 +31,7 @@ from recipes.datasets import load_val_pairs
 from recipes.losses import loss_fn
 from recipes.metrics import pesq_wb
 from recipes.pmsqe import PMSQE
+from recipes.run_folder import write_text
 
 BANDS_HZ = (0, 250, 500, 1000, 2000, 4000, 8001)
 
@@ -46,7 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    pairs = load_val_pairs(str(Path(args.pairs) / "dev"))[0]
+    try:  # any layout recipes.pairs knows (dev/{noisy,clean} or {noisy,clean}: only the first was taken)
+        pairs = load_val_pairs(args.pairs)[0]
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     models = {}
     for spec in args.checkpoint:
         name, _, path = spec.partition("=")
@@ -141,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     report = "\n".join(lines) + "\n"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.md").write_text(report)
+    write_text(out / "summary.md", report)  # atomically, as every table
     print(report)
     return 0
 

@@ -37,7 +37,7 @@ residual output can exceed the noisy magnitude slightly); ``relative`` caps the 
 
 Besides PESQ, STOI, SI-SDR and DNSMOS, each row reports **pause attenuation**: the output's energy over the
 noisy input's in the frames where the clean signal is more than 45 dB below its loudest frame (speech pauses), in
-dB, averaged over the files that have such frames (``n_pause_files``). The ``clean`` row scores the clean file itself: its pause attenuation is how far down the target's own pauses
+dB, averaged over the files that have such frames, with a finite value in every row (``n_pause_files``). The ``clean`` row scores the clean file itself: its pause attenuation is how far down the target's own pauses
 are (room tone). ``--peers`` adds systems of bench/peers.py (delay-compensated like bench/bench_quality.py) for reference.
 Writes ``summary.md`` and ``summary.csv`` to ``--out`` (atomically) and prints the table.
 """
@@ -285,7 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--peers", default="", help="comma-separated peers of bench/peers.py to add as references"
     )
     ap.add_argument("--no-dnsmos", action="store_true")
-    ap.add_argument("--out", type=Path, default=Path("bench/results/postfilter"))
+    # the repository's folder wherever the command runs (it was relative to the current folder)
+    ap.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parents[1] / "bench/results/postfilter"
+    )
     return ap
 
 
@@ -301,8 +304,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ck = load_model(args)
     model = ck.model.eval()
     model.set_max_attenuation(None)  # the post-filters apply any limit
-    peer_names = [n for n in args.peers.split(",") if n.strip()]
-    entries = bench_quality.build_systems(peer_names, None, {}) if peer_names else []
+    peer_names = [n.strip() for n in args.peers.split(",") if n.strip()]  # "rnnoise, speex" as bench_quality
+    try:
+        entries = bench_quality.build_systems(peer_names, None, {}) if peer_names else []
+    except (KeyError, ValueError) as exc:  # an unknown peer: a usage error, not a traceback
+        print(f"error: --peers: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
+        return 2
     signal = bench_quality.calibration_audio(bench_quality.ROOT / "examples" / "noisy.wav")[0]
     for e in entries:
         if e.system is not None:
@@ -333,11 +340,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     names = list(dict.fromkeys(r["system"] for r in rows))
     means = summarize(rows, systems=names, keys=(*METRIC_KEYS, "pause_att_db"))
+    # the files the pause means are over: summarize keeps a file for a metric only where every row has it finite
+    # (a per-row count said 3 where a reference's -inf had left one file out of every row's mean)
+    files = {r["name"] for r in rows}
+    n_pause = sum(all(math.isfinite(r["pause_att_db"]) for r in rows if r["name"] == f) for f in files)
     table = []
     for name in names:
         plain = name in ("noisy", "clean") or name in {e.name for e in entries} or is_oracle(name)
         label = name if plain else f"tim + {name}"
-        n_pause = sum(r["system"] == name and math.isfinite(r["pause_att_db"]) for r in rows)
         m = means[name]
         values = {k: m[k] for k in (*METRIC_KEYS, "pause_att_db")}
         table.append({"system": label, **values, "n_files": int(m["n_files"]), "n_pause_files": n_pause})

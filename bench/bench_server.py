@@ -47,6 +47,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import soundfile as sf
+from sigterm import exit_on_sigterm  # bench/sigterm.py (bench/ is on sys.path when run as a script)
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 16000
@@ -145,8 +146,19 @@ def launch_server(flags: list[str], env: dict[str, str] | None = None) -> tuple[
     return proc, url
 
 
+def absolute_checkpoint(spec: str) -> str:
+    """``[ALIAS=]PATH`` with PATH made absolute: the server runs in the repository root, where a path relative
+    to the caller's folder named no file (or another one)."""
+    alias, sep, path = spec.partition("=")
+    if sep and alias and "/" not in alias:
+        return f"{alias}={os.path.abspath(path)}"
+    return os.path.abspath(spec)
+
+
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
-    flags = ["--checkpoint", args.checkpoint] if args.checkpoint else ["--model", args.model]
+    flags = (
+        ["--checkpoint", absolute_checkpoint(args.checkpoint)] if args.checkpoint else ["--model", args.model]
+    )
     flags += ["--max-concurrency", str(args.max_concurrency), "--threads", str(args.threads)]
     flags += ["--max-queue", str(args.max_queue), "--queue-timeout", str(args.queue_timeout)]
     flags += [
@@ -370,10 +382,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.load_before = os.getloadavg()[0]
 
-    proc, url = (None, args.url) if args.url else start_server(args)
-    pid = proc.pid if proc is not None else None
+    exit_on_sigterm()  # the server it started is stopped (it kept listening after a kill)
+    proc: subprocess.Popen[str] | None = None
     mem: dict[str, int | None] = {}
     try:
+        proc, url = (None, args.url) if args.url else start_server(args)
+        pid = proc.pid if proc is not None else None
         http = None
         if args.seconds > 0 and args.clients > 0:
             body = wav_bytes(test_signal(args.audio_seconds))
@@ -395,7 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     text = report(args, http, streams, mem)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    sys.path.insert(0, str(ROOT))
+    from recipes.run_folder import write_text
+
+    write_text(args.out, text)  # atomically: a run stopped while writing leaves the committed table whole
     return 0
 
 

@@ -228,9 +228,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     text = "\n".join(lines) + "\n"
     print(text)
+    from recipes.run_folder import write_text
+
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    write_text(out, text)  # atomically: a run stopped while writing leaves the committed table whole
     return 0
 
 

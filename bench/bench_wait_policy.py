@@ -25,6 +25,7 @@ from pathlib import Path
 from bench_offline import ROOT, make_file, run_cli
 from machine import command_line, cpu_summary  # bench/machine.py (bench/ is on sys.path when run as a script)
 from model_arg import add_model_args, model_cli_args
+from sigterm import exit_on_sigterm
 
 sys.path.insert(0, str(ROOT))
 from recipes.run_folder import write_text  # (after the path: the repository root, when run as a script)
@@ -40,6 +41,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="runs per case, policies alternating (default 3)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "wait-policy.md")
     args = ap.parse_args()
+    exit_on_sigterm()  # the CPU hogs are stopped (they spun for good after a kill)
     model_args = model_cli_args(args)
     cores = os.cpu_count() or 1
     rows = []

@@ -2066,6 +2066,56 @@ def test_fuzz_no_server_errors(case: Any, server: RunningServer) -> None:
 # ---------- the load test script ----------
 
 
+def test_bench_server_stops_its_server_when_killed_and_takes_a_relative_checkpoint(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """SIGTERM ended the bench at once and left its enhance-server running, still listening; a --checkpoint
+    relative to the caller's folder named no file for the server, which runs in the repository root."""
+    import shutil
+
+    shutil.copy(checkpoint, tmp_path / "mine.safetensors")  # a path only this test's server names
+
+    def servers() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"server.main" in cmd and str(tmp_path / "mine.safetensors").encode() in cmd:
+                found.append(int(entry.name))
+        return found
+
+    args = ["--checkpoint", "mine.safetensors", "--clients", "1", "--seconds", "120", "--audio-seconds", "1"]
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "bench_server.py"), *args, "--streams", "0", "--threads", "1"],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not servers():
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(3)  # loading the model, then the load test
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143
+        deadline = time.monotonic() + 30
+        while servers() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not servers(), "the bench's server outlived it"
+    finally:
+        proc.kill()
+        for pid in servers():
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_bench_server_runs_short(checkpoint: Path, tmp_path: Path) -> None:
     out = tmp_path / "server.md"
     args = ["--checkpoint", str(checkpoint), "--clients", "2", "--seconds", "1", "--audio-seconds", "1"]
