@@ -168,6 +168,39 @@ class MetricsMiddleware:
             self.metrics.latency.observe(time.perf_counter() - t0, route=route, method=method)
 
 
+class ShutdownAnswer:
+    """A request still running when uvicorn's graceful shutdown runs out (``--graceful-timeout``) is cancelled:
+    uvicorn then answered a plain-text 500 and logged a traceback per request. It gets 503 ``shutting_down``
+    with Retry-After in JSON instead (where its answer had not begun), so a client or a load balancer retries
+    elsewhere, as for any other 503."""
+
+    def __init__(self, app: ASGIApp, retry_after_s: int) -> None:
+        self.app, self.retry_after_s = app, retry_after_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if started or task is None or not task.cancelling():  # not a cancellation of this request's task
+                raise
+            task.uncancel()  # answered: the task ends as a request that was refused
+            log.info("%s %s cut by the shutdown", scope.get("method"), scope.get("path"))
+            body = error_body("shutting_down", "the server is shutting down; retry (elsewhere)")
+            headers = {"Retry-After": str(self.retry_after_s)}
+            await JSONResponse(body, status_code=503, headers=headers)(scope, receive, send)
+
+
 class ConcurrencyLimit:
     """At most ``limit`` HTTP requests and WebSocket connections at once, the probes and /metrics apart (they
     pass whatever the load, so a busy server still answers its liveness probe and its scrapes): beyond it 503
@@ -322,5 +355,6 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
             expose_headers=EXPOSED_HEADERS,
             max_age=600,
         )
+    app.add_middleware(ShutdownAnswer, retry_after_s=config.retry_after_s)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: it counts the 503s above too
     return app

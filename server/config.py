@@ -16,7 +16,13 @@ MB = 1024 * 1024
 # audio faster than the model takes it is held back on purpose (the inbox is bounded, then TCP stops the client),
 # so its pongs wait unread behind its audio, and with uvicorn's 20-s pong deadline a client sending 8-MiB frames
 # lost its stream with 1011 and most of its output. A peer that went away is found by the stream's idle timeout.
-UVICORN_WS: dict[str, Any] = {"ws": "websockets-sansio", "ws_ping_interval": 20.0, "ws_ping_timeout": None}
+# Its sans-I/O protocol, with pongs bounded for a client that does not read them (server/ws_protocol.py; named
+# as a string: uvicorn imports it, so that this module loads without the serve extra).
+UVICORN_WS: dict[str, Any] = {
+    "ws": "server.ws_protocol:BoundedPongProtocol",
+    "ws_ping_interval": 20.0,
+    "ws_ping_timeout": None,
+}
 
 
 class ClientErrorLogFilter(logging.Filter):

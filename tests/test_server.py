@@ -1287,6 +1287,73 @@ def _busy_503(resp: httpx.Response, code: str) -> None:
     assert resp.headers["Retry-After"] == "2"
 
 
+def test_a_request_cut_by_the_graceful_timeout_gets_a_json_503(checkpoint: Path) -> None:
+    """uvicorn cancels what still runs when --graceful-timeout is over: it answered a plain-text 500 (and logged
+    a traceback per request), where every other refusal is JSON, and a shutdown is no internal error."""
+    gate = threading.Event()
+    config = ServerConfig(checkpoints=(str(checkpoint),), threads=1)
+    try:
+        with (
+            run_server(config, loader=gated_loader(gate), timeout_graceful_shutdown=1) as srv,
+            srv.client() as c,
+            ThreadPoolExecutor(1) as pool,
+        ):
+            body = wav_bytes(noisy(0.5), 16000)
+            answer = pool.submit(c.post, "/v1/enhance", content=body, headers={"Content-Type": WAV})
+            deadline = time.monotonic() + 30
+            while "enhancements_running 1" not in c.get("/metrics").text.replace(".0", ""):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            srv.server.should_exit = True  # as SIGTERM: the request is held at the gate past 1 s
+            resp = answer.result(timeout=30)
+    finally:
+        gate.set()
+    assert resp.status_code == 503, resp.text
+    assert resp.json()["error"]["code"] == "shutting_down" and resp.headers["Retry-After"]
+
+
+def test_a_ping_flood_from_a_client_that_reads_nothing_does_not_grow_the_server(
+    server: RunningServer,
+) -> None:
+    """uvicorn wrote a pong for every ping whatever was still unsent: a client sending pings and reading nothing
+    (no start message needed) grew the server by 20-25 MB/s, and kept it after its stream ended. Pongs beyond
+    server.ws_protocol.PONG_BACKLOG bytes unsent are left out; a client that reads still gets its pongs."""
+    import base64
+
+    def rss_mib() -> float:
+        status = Path("/proc/self/status").read_text()  # the server runs in this process (a thread)
+        return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
+
+    def frame(opcode: int, payload: bytes) -> bytes:
+        mask = os.urandom(4)
+        return (
+            bytes([0x80 | opcode, 0x80 | len(payload)])
+            + mask
+            + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        )
+
+    with connect(f"{server.ws_url}/v1/stream", open_timeout=30, ping_interval=None) as ws:
+        ws.ping(b"hello").wait(10)  # answered as ever
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # and never read
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(
+        f"GET /v1/stream HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    assert b" 101 " in sock.recv(200)
+    burst = frame(9, b"x" * 125) * 1000  # 131 kB of pings
+    before = rss_mib()
+    try:
+        for _ in range(300):  # 39 MB of pings, whose pongs would all have been held
+            sock.sendall(burst)
+        time.sleep(1.0)  # the server works through what it received
+        grown = rss_mib() - before
+    finally:
+        sock.close()
+    assert grown < 20, f"the server grew by {grown:.0f} MiB"
+
+
 @pytest.mark.parametrize("pong_deadline", [None, 0.3])
 def test_a_stream_held_back_behind_the_model_outlives_unanswered_keepalive_pings(
     checkpoint: Path, pong_deadline: float | None
