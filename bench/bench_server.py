@@ -50,6 +50,7 @@ import soundfile as sf
 from sigterm import exit_on_sigterm  # bench/sigterm.py (bench/ is on sys.path when run as a script)
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the project's modules (bench/ is on sys.path when run as a script)
 RATE = 16000
 FRAME_S = 0.02
 
@@ -149,10 +150,10 @@ def launch_server(flags: list[str], env: dict[str, str] | None = None) -> tuple[
 def absolute_checkpoint(spec: str) -> str:
     """``[ALIAS=]PATH`` with PATH made absolute: the server runs in the repository root, where a path relative
     to the caller's folder named no file (or another one)."""
-    alias, sep, path = spec.partition("=")
-    if sep and alias and "/" not in alias:
-        return f"{alias}={os.path.abspath(path)}"
-    return os.path.abspath(spec)
+    from server.registry import split_alias  # (here: it loads torch, which the load clients need not)
+
+    alias, path = split_alias(spec)
+    return f"{alias}={os.path.abspath(path)}" if alias else os.path.abspath(path)
 
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
@@ -409,7 +410,6 @@ def main(argv: list[str] | None = None) -> int:
     text = report(args, http, streams, mem)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(ROOT))
     from recipes.run_folder import write_text
 
     write_text(args.out, text)  # atomically: a run stopped while writing leaves the committed table whole

@@ -31,7 +31,6 @@ from enhance.audio_io import (
     MAX_FLOAT_SAMPLE,
     UNKNOWN_LENGTH,
     AudioError,
-    AudioInfo,
     check_header,
     check_readable,
     codec_error,
@@ -147,9 +146,12 @@ def enhance_stream(
     out_subtype: str | None = None,
     options: FileOptions = FileOptions(),
     on_progress: Callable[[int], None] | None = None,
+    format_chosen: bool = True,
 ) -> FileResult:
     """Enhance the audio of ``src`` into ``dst`` (both paths or file objects) as ``options`` say. Raises
-    :class:`AudioError`. ``on_progress``: called with the frames of each block read."""
+    :class:`AudioError`. ``on_progress``: called with the frames of each block read. ``format_chosen=False``:
+    ``out_format`` came from the output's name or a default, so an extensible WAV input stays extensible
+    (:func:`extensible_kept`)."""
     t0 = time.perf_counter()
     block_seconds, stream_block = options.block_seconds, options.stream_block
     with_competition, backend, high_band = options.with_competition, options.backend, options.high_band
@@ -170,6 +172,8 @@ def enhance_stream(
         check_header(name, frames, channels, rate)
         declared = header_frames(fin)
         fmt = out_format or fin.format
+        if not format_chosen:
+            fmt = extensible_kept(fmt, fin.format, fin.subtype, out_subtype)
         if fmt not in sf.available_formats():
             raise AudioError(f"{name}: cannot write format {fmt}")
         subtype = out_subtype or output_subtype(fmt, fin.format, fin.subtype)
@@ -345,11 +349,9 @@ def enhance_file(
         raise AudioError(f"{src}: empty file (0 bytes)")
     if dst_p.exists() and (dst_p.resolve() == src_p.resolve() or os.path.samefile(src_p, dst_p)):
         raise AudioError(f"{src}: refusing to overwrite the input file")
-    info = read_info(src_p)  # an unreadable input is reported as such before anything about the output
+    read_info(src_p)  # an unreadable input is reported as such before anything about the output
     fmt, implied = (out_format.upper(), None) if out_format else output_format(dst_p)
     out_subtype = out_subtype or implied
-    if not out_format:
-        fmt = extensible_kept(fmt, info, out_subtype)
     with new_output(dst_p, overwrite) as tmp:
         result = enhance_stream(
             model,
@@ -360,18 +362,19 @@ def enhance_file(
             out_subtype=out_subtype,
             options=options,
             on_progress=on_progress,
+            format_chosen=bool(out_format),
         )
     result.output = str(dst_p)
     return result
 
 
-def extensible_kept(fmt: str, info: AudioInfo, out_subtype: str | None) -> str:
+def extensible_kept(fmt: str, in_format: str, in_subtype: str, out_subtype: str | None) -> str:
     """The container for an output whose format came from its name (or the WAV default), not from a choice:
     ``fmt``, but a .wav of a WAVE_FORMAT_EXTENSIBLE input stays so, with the speaker mask of its channel count
     (5.1 for 6; it came out plain, the mask gone), where WAVEX holds its sample format (not ADPCM or GSM)."""
-    if fmt != "WAV" or info.format != "WAVEX":
+    if fmt != "WAV" or in_format != "WAVEX":
         return fmt
-    subtype = out_subtype or output_subtype("WAVEX", info.format, info.subtype)
+    subtype = out_subtype or output_subtype("WAVEX", in_format, in_subtype)
     return "WAVEX" if subtype is None or sf.check_format("WAVEX", subtype) else fmt
 
 
@@ -391,9 +394,6 @@ def enhance_bytes(
     (:func:`extensible_kept`), as :func:`enhance_file` keeps it."""
     if not data:
         raise AudioError(f"{name}: empty input (0 bytes)")
-    if not format_chosen:
-        with contextlib.suppress(AudioError):  # unreadable: enhance_stream says why, naming the input
-            out_format = extensible_kept(out_format, read_info(io.BytesIO(data)), out_subtype)
     out = io.BytesIO()
     result = enhance_stream(
         model,
@@ -404,6 +404,7 @@ def enhance_bytes(
         out_subtype=out_subtype,
         options=options,
         on_progress=on_progress,
+        format_chosen=format_chosen,
     )
     return out.getvalue(), result
 

@@ -29,10 +29,7 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown} for {cls.__name__}")
+    _refuse_unknown(cls, data, where)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name not in data:
@@ -45,14 +42,17 @@ def check_keys(cls: type, data: dict[str, Any], where: str = "config") -> None:
     """Raise :func:`from_dict`'s ValueError for the first unknown key in ``data`` (nested sections included),
     building nothing: for a part of a configuration (one of several files merged), whose values alone need not
     make a valid one."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown} for {cls.__name__}")
+    _refuse_unknown(cls, data, where)
     hints = typing.get_type_hints(cls)
     for key, value in data.items():
         if dataclasses.is_dataclass(hints[key]) and isinstance(value, dict):
             check_keys(hints[key], value, f"{where}.{key}")
+
+
+def _refuse_unknown(cls: Any, data: dict[str, Any], where: str) -> None:
+    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown} for {cls.__name__}")
 
 
 def _convert(hint: Any, value: Any, where: str) -> Any:

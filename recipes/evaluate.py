@@ -252,7 +252,7 @@ class Resumed:
 
     @property
     def done(self) -> set[str]:
-        return {r["name"] for r in self.rows} | {s["name"] for s in self.skipped}
+        return self.scored | {s["name"] for s in self.skipped}
 
 
 # the settings an evaluation must share with the one it resumes (the command line and the device may change)

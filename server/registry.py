@@ -56,7 +56,8 @@ class LoadedModel:
         return self.checkpoint.config.latency_ms
 
 
-def _split_alias(spec: str) -> tuple[str | None, str]:
+def split_alias(spec: str) -> tuple[str | None, str]:
+    """``--checkpoint [ALIAS=]PATH`` as (ALIAS or None, PATH)."""
     alias, sep, path = spec.partition("=")
     if sep and alias and "/" not in alias and "\\" not in alias:
         if not path:  # read as the path "" it was ".: a folder, not a checkpoint file"
@@ -73,7 +74,7 @@ def check_config(config: ServerConfig) -> None:
         pretrained_path(name)
         names.append(name)
     for spec in config.checkpoints:
-        alias, path = _split_alias(spec)
+        alias, path = split_alias(spec)
         stored = str(read_metadata(path)["name"])  # also behind an alias: a missing file started the server
         names.append(alias or stored)
     for name in names:  # (found by the load too, but only after the server had started, answering 503s)
@@ -118,7 +119,7 @@ def load_models(config: ServerConfig) -> dict[str, LoadedModel]:
     for name in config.model_specs:
         add(name, load_pretrained(name, device=config.device), "bundled")
     for spec in config.checkpoints:
-        alias, path = _split_alias(spec)
+        alias, path = split_alias(spec)
         ck = load_checkpoint(Path(path), map_location="cpu")
         ck.model.to(config.device)
         add(alias or ck.name, ck, "file")
@@ -130,7 +131,7 @@ def public_load_error(exc: BaseException, config: ServerConfig) -> str:
     message, with the configured checkpoint paths and any other absolute path cut to the file's name."""
     known: list[str] = []
     for spec in config.checkpoints:
-        path = _split_alias(spec)[1]
+        path = split_alias(spec)[1]
         known += [path, str(Path(path)), str(Path(path).expanduser().absolute()), str(Path(path).resolve())]
     lines = str(exc).strip().splitlines()
     text = without_paths(lines[0], known) if lines else "no details"
