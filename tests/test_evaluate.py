@@ -547,8 +547,31 @@ def test_the_reports_are_written_as_a_set_before_a_ctrl_c_lands() -> None:
     from recipes.evaluate import sigint_deferred
 
     written = []
-    with pytest.raises(KeyboardInterrupt), sigint_deferred():
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.05)  # a signal not held back would have been raised here
-        written.append("all four")
+    # Python's own Ctrl-C handler, whatever this process was started with: a job put in the background by a
+    # non-interactive shell starts with SIGINT ignored, and an ignored Ctrl-C stays ignored (no KeyboardInterrupt)
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), sigint_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # a signal not held back would have been raised here
+            written.append("all four")
+    finally:
+        signal.signal(signal.SIGINT, outer)
     assert written == ["all four"]
+
+
+def test_an_ignored_ctrl_c_stays_ignored_after_the_reports() -> None:
+    """Run where SIGINT is ignored (nohup-style background jobs), the held-back Ctrl-C is dropped, not raised, and
+    the ignoring disposition is put back."""
+    import time
+
+    from recipes.evaluate import sigint_deferred
+
+    outer = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with sigint_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, outer)
