@@ -29,6 +29,7 @@ from models.pre_encoder import PreEncoderConfig
 from models.pretrained import load_pretrained
 from models.registry import tiny_config
 from models.tim_layer import TIMLayerConfig
+from recipes.export import EXAMPLE_NOISY
 from tests.conftest import ROOT, reachable_array_bytes
 from tests.test_streaming import _config, _sizes, _stream
 
@@ -211,7 +212,7 @@ def test_default_model_float32_float16_and_int8() -> None:
     deeply, 64 and 40; on this clip both 80-82 and 47-48)."""
     model = load_pretrained().model.eval()
     rng = np.random.default_rng(5)
-    wav, _ = sf.read(ROOT / "examples" / "noisy.wav", dtype="float32")
+    wav, _ = sf.read(EXAMPLE_NOISY, dtype="float32")
     x = np.ascontiguousarray(wav[None, : 6 * 16000])
     assert x.shape == (1, 6 * 16000)
     ref = enhance_waveform(model, x).wav
