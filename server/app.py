@@ -28,12 +28,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from models import CheckpointError
 from server.config import PROBE_PATHS, ServerConfig, quiet_client_errors
+from server.drain import StreamDrain
 from server.errors import ApiError, error_body, install_handlers
 from server.jobs import JobRunner
 from server.metrics import Metrics
 from server.registry import Loader, ModelStore, load_models, public_load_error
 from server.routes import answer_head, router, v1
-from server.stream import TRY_LATER, error_message, stream_endpoint
+from server.stream import SHUTDOWN_MARKER, TRY_LATER, error_message, stream_endpoint
 
 log = logging.getLogger("server")
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -64,7 +65,9 @@ or `end` in the middle of a sample frame, after the audio before it came back; `
 `unauthorized`, `model_not_found`, `too_many_channels`, `stream_too_long`: the audio up to the limit comes back
 first, also after `--max-stream-seconds` plus `--stream-idle-timeout` of wall-clock time; `idle_timeout`: nothing sent and nothing being enhanced for `--stream-idle-timeout` s, WebSocket pings do not
 count, the audio received comes back first), 1009 (a text message over 4096 characters), 1013 (`busy`,
-`model_loading`: try again after the error's `retry_after` seconds) or 1011 (`internal_error`).
+`model_loading`: try again after the error's `retry_after` seconds), 1012 (`shutting_down`: the server stops;
+the audio it received comes back first and the message says how many samples per channel that was; reconnect,
+to another instance, after `retry_after` s) or 1011 (`internal_error`).
 """
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 # the response headers a cross-origin page may read (beyond the CORS-safelisted ones)
@@ -310,6 +313,7 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
         queue_timeout_s=config.queue_timeout_s,
     )
     app.state.streams_open = 0
+    app.state.stream_drain = StreamDrain(SHUTDOWN_MARKER)  # see server.drain
     install_handlers(app)
     app.include_router(router)
     app.include_router(v1)

@@ -50,6 +50,10 @@ class Inbox(Generic[T]):
         while not self._has_room():
             self._room.clear()
             await self._room.wait()
+        self.push(item)
+
+    def push(self, item: T) -> None:
+        """Queue ``item`` now, past the bounds (for a marker that must not wait behind a reader waiting for room)."""
         size = message_bytes(item)
         self._items.append((item, size))
         self._bytes += size

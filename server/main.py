@@ -241,9 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"enhance-server: {exc}", file=sys.stderr)
         return 2
     try:
-        import uvicorn
-
         from server.app import create_app
+        from server.drain import serve
         from server.registry import check_config
     except ImportError as exc:
         print(f"enhance-server: {exc}; install the extra: pip install 'tim-enhance[serve]'", file=sys.stderr)
@@ -274,8 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     hangup = getattr(signal, "SIGHUP", None)
     if hangup is not None and signal.getsignal(hangup) is signal.SIG_DFL:
         signal.signal(hangup, lambda signum, frame: os.kill(os.getpid(), signal.SIGTERM))
-    uvicorn.run(
-        create_app(config),
+    app = create_app(config)
+    serve(  # uvicorn.run, with open streams sending back their audio before the shutdown closes them
+        app,
+        app.state.stream_drain,
         host=args.host,
         port=args.port,
         log_level=args.log_level,

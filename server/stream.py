@@ -15,7 +15,8 @@ Errors: ``{"type": "error", "code": ..., "message": ...}`` then close 1003 (data
 where JSON was expected, a flush or end inside a sample frame, NaN/inf samples or float samples beyond ±1000,
 unknown message) or 1008 (bad start message, API key, more channels than ``--max-channels``, unknown model,
 stream over the length limit, ``idle_timeout``: no message from the client while none of its audio was being
-enhanced, for ``--stream-idle-timeout``), 1013 when busy or still loading. At the length limit
+enhanced, for ``--stream-idle-timeout``), 1013 when busy or still loading, 1012 (``shutting_down``) when the server
+stops (see server.drain: the audio received comes back first). At the length limit
 (``--max-stream-seconds``, and that plus the idle timeout of wall-clock time) the audio up to the limit is
 enhanced, flushed and sent before the error. A client
 that reads nothing for the idle timeout gets no message (it would not read it): its stream ends and its slot is
@@ -53,6 +54,7 @@ from enhance.rate_stream import RateStream
 from enhance.streaming import StreamingEnhancer
 from enhance.threads import inherit_threads
 from server.auth import key_from_headers, key_matches
+from server.drain import SERVICE_RESTART, SHUTTING_DOWN, ShuttingDown
 from server.errors import ApiError
 from server.inbox import Inbox
 from server.metrics import Metrics
@@ -82,6 +84,13 @@ class StreamError(Exception):
         super().__init__(message)
         self.code, self.message, self.close_code = code, message, close_code
 
+
+# what an open stream finds in its inbox when the server shuts down (server.drain): behind the audio received
+SHUTDOWN_MARKER = StreamError(
+    SHUTTING_DOWN, "the server is shutting down; reconnect (elsewhere) and go on", SERVICE_RESTART
+)
+# errors after which the audio the stream holds goes back first (it was lost)
+_FINISH_FIRST = ("idle_timeout", "stream_too_long", SHUTTING_DOWN)
 
 SOXR_QUALITY = {"high": "HQ", "low_latency": "LQ"}
 
@@ -204,7 +213,9 @@ async def _send_error(ws: WebSocket, err: StreamError, metrics: Metrics) -> None
                 error_message(
                     err.code,
                     err.message,
-                    ws.app.state.config.retry_after_s if err.close_code == TRY_LATER else None,
+                    ws.app.state.config.retry_after_s
+                    if err.close_code in (TRY_LATER, SERVICE_RESTART)
+                    else None,
                 )
             ),
             SEND_ERROR_TIMEOUT_S,
@@ -312,11 +323,16 @@ async def _serve(ws: WebSocket, start: StreamStart) -> str:
     work = Work()
     # open at most the audio limit plus the idle timeout: a real-time client's audio ends the stream first
     open_s = cfg.max_stream_s + cfg.stream_idle_timeout_s
+    try:
+        state.stream_drain.add(inbox)
+    except ShuttingDown:
+        raise StreamError(SHUTDOWN_MARKER.code, SHUTDOWN_MARKER.message, SHUTDOWN_MARKER.close_code) from None
     reader = asyncio.create_task(_read_into(ws, inbox, cfg.stream_idle_timeout_s, work, open_s))
     try:
         return await _process(ws, inbox, session, work, limit, cfg.stream_idle_timeout_s)
     finally:
         await _stop_reader(reader, inbox)
+        state.stream_drain.discard(inbox)
 
 
 async def _stop_reader(reader: asyncio.Task[None], inbox: Inbox[Message | StreamError]) -> None:
@@ -443,16 +459,11 @@ async def _process(
         msg = held if held is not None else await inbox.get()
         held = None
         if isinstance(msg, StreamError):
-            if (
-                msg.code in ("idle_timeout", "stream_too_long") and session.received
-            ):  # the audio it holds goes back first (it was lost)
+            text = msg.message
+            if msg.code in _FINISH_FIRST and session.received:
                 await _finish(ws, session, work, idle_s)
-                msg = StreamError(
-                    msg.code,
-                    f"{msg.message}; the {session.sent} samples per channel received were enhanced and sent",
-                    msg.close_code,
-                )
-            raise msg
+                text += f"; the {session.sent} samples per channel received were enhanced and sent"
+            raise StreamError(msg.code, text, msg.close_code)  # a new one: the shutdown marker is shared
         if msg["type"] == "websocket.disconnect":
             return "disconnected"
         if msg.get("bytes") is not None:

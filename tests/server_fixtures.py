@@ -23,6 +23,7 @@ import uvicorn
 from models import Enhancer, get_config, save_checkpoint
 from server.app import create_app
 from server.config import UVICORN_WS, ServerConfig
+from server.drain import DrainingServer
 from server.registry import LoadedModel, Loader, load_models
 from tests.conftest import speech_like
 
@@ -78,12 +79,14 @@ def run_server(
     config: ServerConfig, *, loader: Loader | None = None, wait_ready: bool = True, **uvicorn_options: Any
 ) -> Iterator[RunningServer]:
     """A real uvicorn server on 127.0.0.1 (free port) in a background thread, with enhance-server's WebSocket
-    settings (``uvicorn_options`` may override them)."""
+    settings (``uvicorn_options`` may override them) and shutdown (:class:`server.drain.DrainingServer`)."""
     app = create_app(config, loader=loader)
     sock = free_socket()
     port = sock.getsockname()[1]
     options = {**UVICORN_WS, **uvicorn_options}
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", **options))
+    server = DrainingServer(
+        uvicorn.Config(app, log_level="warning", lifespan="on", **options), app.state.stream_drain
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -920,6 +920,39 @@ def test_stream_flush_returns_the_held_audio_and_the_stream_goes_on(
     assert np.abs(y - ref).max() <= 2 * S16
 
 
+def test_a_shutdown_sends_back_the_audio_a_stream_held_then_closes_1012(
+    checkpoint: Path, model: Enhancer
+) -> None:
+    """uvicorn's graceful shutdown closed open streams at once with 1012: the audio they held back (the engine's
+    last 32-48 ms) never came back. Now the stream sends all it received, then error shutting_down (with
+    retry_after and the count of samples sent back), then the close 1012 that tells a client to reconnect."""
+    a = _quantized(noisy(1.0, 16000, 1, seed=13))
+    config = ServerConfig(checkpoints=(str(checkpoint),), threads=1)
+    got: list[bytes] = []
+    with run_server(config) as srv, connect(f"{srv.ws_url}/v1/stream", open_timeout=30) as ws:
+        ready = _start(ws, sample_rate=16000, channels=1, format="s16le")
+        ws.send((a[:, 0] * 32768).astype("<i2").tobytes())
+        held = round(ready["latency_ms"] * 16)  # samples at most held back
+        while sum(len(g) for g in got) < 2 * (len(a) - held):  # all that comes back without more audio
+            msg = ws.recv(timeout=30)
+            assert isinstance(msg, bytes), msg
+            got.append(msg)
+        assert sum(len(g) for g in got) < 2 * len(a)  # so some audio is held back when the shutdown comes
+        srv.server.should_exit = True  # as SIGTERM
+        while isinstance(msg := ws.recv(timeout=30), bytes):
+            got.append(msg)
+        error = json.loads(msg)
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=10)
+        assert ws.close_code == 1012
+    assert error["type"] == "error" and error["code"] == "shutting_down" and error["retry_after"] == 2, error
+    assert f"the {len(a)} samples per channel received were enhanced and sent" in error["message"]
+    y = np.frombuffer(b"".join(got), "<i2").astype(np.float32) / 32768
+    ref = _offline(model, a, 16000)[:, 0]
+    assert y.shape == ref.shape
+    assert np.abs(y - ref).max() <= 2 * S16
+
+
 def test_a_flush_inside_a_sample_frame_returns_the_audio_then_refuses(
     server: RunningServer, model: Enhancer
 ) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from server.drain import ShuttingDown, StreamDrain
 from server.inbox import Inbox, message_bytes
 
 
@@ -67,5 +70,33 @@ def test_the_count_bounds_small_messages_and_get_waits_for_one() -> None:
         assert not waiting.done()
         await inbox.put(_frame(5))
         assert message_bytes(await asyncio.wait_for(waiting, 1)) == 5
+
+    asyncio.run(scenario())
+
+
+def test_the_shutdown_marker_goes_behind_a_full_inbox_and_no_stream_opens_after_it() -> None:
+    """The drain (server.drain) queues its marker past the bounds, behind the audio a stream received, while the
+    reader waits for room; a stream that starts once the drain began is refused; the drain waits for the
+    streams only as long as it is given."""
+
+    async def scenario() -> None:
+        drain, marker = StreamDrain("stop"), "stop"
+        inbox: Inbox[object] = Inbox(max_messages=2, max_bytes=100)
+        drain.add(inbox)
+        await inbox.put(_frame(1))
+        await inbox.put(_frame(2))
+        blocked = asyncio.ensure_future(inbox.put(_frame(3)))  # the reader, waiting for room
+        assert not await drain.drain(0.05)  # nothing took the messages: the drain gave up
+        assert [message_bytes(inbox.get_nowait()), message_bytes(inbox.get_nowait())] == [1, 2]
+        assert inbox.get_nowait() == marker
+        await asyncio.wait_for(blocked, 1)  # room again: the frame sent after the marker comes after it
+        assert message_bytes(inbox.get_nowait()) == 3
+        with pytest.raises(ShuttingDown):
+            drain.add(Inbox(2, 100))
+        ended = asyncio.ensure_future(drain.drain(5))
+        await asyncio.sleep(0.05)
+        assert not ended.done() and len(drain) == 1
+        drain.discard(inbox)  # the stream ended
+        assert await asyncio.wait_for(ended, 1)
 
     asyncio.run(scenario())

@@ -1,5 +1,5 @@
-"""enhance-server stopped by SIGINT and by SIGTERM with a WebSocket stream open mid-audio: the stream's close code
-and the process' exit status (the README's "Running it for others").
+"""enhance-server stopped by SIGINT and by SIGTERM with a WebSocket stream open mid-audio: how much of its audio
+came back, its last message and close code, and the process' exit status (the README's "Running it for others").
 
     python bench/results/shutdown/check.py     # from the repository root; writes check.txt beside this file
 """
@@ -28,12 +28,20 @@ def stop_with(sig: signal.Signals) -> str:
         ws.send(bytes(32000))  # 1 s of s16le at 16 kHz
         time.sleep(1)
         server.send_signal(sig)
+        samples, last = 0, "no message"
         try:
             while True:
-                ws.recv(timeout=20)
+                msg = ws.recv(timeout=20)
+                if isinstance(msg, bytes):
+                    samples += len(msg) // 2
+                else:
+                    last = json.loads(msg).get("code", msg)
         except ConnectionClosed:
             pass
-        return f"{sig.name}: stream closed with {ws.close_code}, server exit status {server.wait(40)}"
+        return (
+            f"{sig.name}: {samples} of 16000 samples back, then {last}; stream closed with {ws.close_code}, "
+            f"server exit status {server.wait(40)}"
+        )
 
 
 def main() -> None:
