@@ -347,9 +347,15 @@ async def analyze(
         headers["X-Processing-Seconds"] = f"{timed.seconds:.4f}"
         return Response(image, media_type="image/png", headers=headers)
     fmt = audio.value if audio is not None else None
-    body, encoded = await state.jobs.run_until_gone(
-        timed(lambda job: analyze_upload(lm, upload.data, info, name, limits, job, fmt)),
-        lambda: client_gone(request),
+
+    def analysis(job: Job) -> tuple[dict[str, Any], bytes, bytes]:
+        body, encoded = analyze_upload(lm, upload.data, info, name, limits, job, fmt)
+        # the JSON text in the worker too: a 10-minute file's maps took 0.1 s to serialise, on the event loop
+        # that every stream's hops wait on
+        return body, bytes(JSONResponse(body).body), encoded
+
+    body, analysis_json, encoded = await state.jobs.run_until_gone(
+        timed(analysis), lambda: client_gone(request)
     )
     state.metrics.audio_seconds.inc(body["duration_s"], route="/v1/analyze")
     headers["X-Audio-Duration"] = f"{body['duration_s']:.4f}"
@@ -357,12 +363,11 @@ async def analyze(
     if body["warnings"]:  # as /v1/enhance sends them
         headers["X-Enhance-Warning"] = warning_header(body["warnings"])
     if fmt is None:
-        return JSONResponse(body, headers=headers)
+        return Response(analysis_json, media_type="application/json", headers=headers)
     media, ext = OUTPUT_FORMATS[fmt][1], OUTPUT_FORMATS[fmt][2]
-    analysis = JSONResponse(body).body
     content, content_type = multipart_form(
         [
-            ("analysis", "application/json", bytes(analysis), None),
+            ("analysis", "application/json", analysis_json, None),
             ("audio", media, encoded, f"{safe_stem(upload.filename, 'upload')}.enhanced.{ext}"),
         ]
     )
