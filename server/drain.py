@@ -87,15 +87,29 @@ class DrainingServer(uvicorn.Server):
             server.close()
         for sock in sockets or []:
             sock.close()
+        # nor new requests on kept-alive HTTP connections (they took requests and /readyz said 200 while the
+        # streams drained): idle ones close now, running ones answer with Connection: close
+        ws_protocol = self.config.ws_protocol_class
+        for connection in list(self.server_state.connections):
+            if ws_protocol is None or not isinstance(connection, ws_protocol):
+                connection.shutdown()
         graceful = self.config.timeout_graceful_shutdown
         t0 = time.monotonic()
         if len(self.streams):
-            log.info("letting %d open stream(s) send back the audio they hold", len(self.streams))
-        done = await self.streams.drain(graceful if graceful is not None else math.inf)
+            log.info(
+                "letting %d open stream(s) send back the audio they hold (CTRL+C to force quit)",
+                len(self.streams),
+            )
+        draining = asyncio.ensure_future(self.streams.drain(graceful if graceful is not None else math.inf))
+        while not draining.done() and not self.force_exit:  # a second Ctrl-C stops waiting, as uvicorn's does
+            await asyncio.wait({draining}, timeout=0.1)
+        done = draining.done() and draining.result()
+        draining.cancel()
         if not done:
-            log.warning("open streams did not finish within %s s; uvicorn closes them (1012)", graceful)
-        if graceful is not None:  # what the drain took comes out of the graceful timeout of the HTTP requests
-            self.config.timeout_graceful_shutdown = max(0, math.ceil(graceful - (time.monotonic() - t0)))
+            log.warning("open streams did not finish the drain; uvicorn closes them (1012)")
+        if graceful is not None:  # what the drain took comes out of the graceful timeout (1 s at least: at 0
+            # uvicorn logged an error even with nothing left to wait for)
+            self.config.timeout_graceful_shutdown = max(1, math.ceil(graceful - (time.monotonic() - t0)))
         await super().shutdown(sockets)
 
 

@@ -1165,6 +1165,38 @@ def test_a_client_waiting_for_a_long_frame_is_not_idle(checkpoint: Path) -> None
             }
 
 
+def test_the_drain_takes_no_new_requests_and_a_second_ctrl_c_ends_it(checkpoint: Path) -> None:
+    """While the streams drain at shutdown: a kept-alive HTTP connection took new requests (and /readyz said 200)
+    until the drain was over, to have them cut at the graceful timeout; it is now closed when the shutdown
+    begins, so its client goes elsewhere at once. And a second Ctrl-C (uvicorn's force_exit) waited for the
+    drain, up to the whole graceful timeout: it now ends the drain, as it ends uvicorn's own wait."""
+    config = ServerConfig(checkpoints=(str(checkpoint),), threads=1, stream_backend="pytorch")
+    gate, entered = threading.Event(), threading.Event()
+    loader = _announcing(gated_loader(gate), entered)
+    try:
+        with (
+            run_server(config, loader=loader, timeout_graceful_shutdown=60) as srv,
+            srv.client() as c,
+            connect(f"{srv.ws_url}/v1/stream", open_timeout=30) as ws,
+        ):
+            assert c.get("/readyz").status_code == 200  # the connection is kept alive
+            _start(ws, sample_rate=16000, channels=1, format="s16le")
+            ws.send(np.zeros(8000, "<i2").tobytes())
+            assert entered.wait(30)  # the stream's step waits at the gate: the drain waits for it
+            srv.server.should_exit = True
+            _until(lambda: srv.app.state.stream_drain.closing)
+            with pytest.raises(httpx.TransportError):
+                c.get("/readyz")
+            t0 = time.monotonic()
+            srv.server.force_exit = True  # the second Ctrl-C
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    ws.recv(timeout=30)
+            assert ws.close_code == 1012 and time.monotonic() - t0 < 10
+    finally:
+        gate.set()
+
+
 def _held_frame_comes_back_whole(
     srv: RunningServer, x: np.ndarray, idle: float, gate: threading.Event, entered: threading.Event
 ) -> None:
