@@ -26,6 +26,7 @@ from server.audio import (
 from server.auth import require_api_key
 from server.errors import ApiError
 from server.jobs import Job
+from server.json_text import json_bytes
 from server.metrics import CONTENT_TYPE
 from server.registry import LoadedModel
 from server.schemas import (
@@ -350,9 +351,9 @@ async def analyze(
 
     def analysis(job: Job) -> tuple[dict[str, Any], bytes, bytes]:
         body, encoded = analyze_upload(lm, upload.data, info, name, limits, job, fmt)
-        # the JSON text in the worker too: a 10-minute file's maps took 0.1 s to serialise, on the event loop
-        # that every stream's hops wait on
-        return body, bytes(JSONResponse(body).body), encoded
+        # the JSON text in the worker too, in pieces (server.json_text): a 10-minute file's maps took 0.1 s to
+        # serialise, stalling the event loop that every stream's hops wait on
+        return body, json_bytes(body), encoded
 
     body, analysis_json, encoded = await state.jobs.run_until_gone(
         timed(analysis), lambda: client_gone(request)
