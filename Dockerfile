@@ -13,6 +13,9 @@
 # With an API key, 2 threads per enhancement, CORS for a front end (any enhance-server flag goes after the image name):
 #   docker run --rm -p 8000:8000 -e ENHANCE_API_KEY=change-me --cpus 4 tim-enhance-server \
 #       --max-concurrency 2 --threads 2 --cors-origin https://app.example
+# Stopping: `docker stop` sends SIGTERM and kills the process 10 s later, while the server gives running requests
+# and open streams up to --graceful-timeout (25 s, for Kubernetes' 30-s grace period) to finish. Give docker the
+# time (`docker run --stop-timeout 30 ...`; compose: `stop_grace_period: 30s`), or pass `--graceful-timeout 8`.
 # Another model (a checkpoint made by the training recipes), mounted read-only:
 #   docker run --rm -p 8000:8000 -v "$PWD/runs/tim:/models:ro" tim-enhance-server --checkpoint /models/best.safetensors
 #
