@@ -134,7 +134,7 @@ def scan(
     pool = AudioPool([], [], sample_rate)
     min_frames = int(min_seconds * sample_rate)
     paths = list(paths)
-    # a file named twice (through a link) was trained on twice, and could be held out for validation while its
+    # a file named twice (through a link, or by overlapping folders) was trained on twice, and could be held out for validation while its
     # twin trained: it is used once, by its own name where that is listed (the name sorted first kept the link
     # and called the file itself the duplicate), else by the first name
     keeper: dict[str, str] = {}  # real path -> the path that uses it
@@ -142,13 +142,18 @@ def scan(
         real = os.path.realpath(path)
         if real not in keeper or (os.path.abspath(path) == real != os.path.abspath(keeper[real])):
             keeper[real] = path
+    used: set[str] = set()  # real paths taken once already: the same folder listed twice, or nested folders
+    # (--speech a --speech a/b), listed the same path twice, and it trained twice
     for path in paths:
         real = os.path.realpath(path)
-        reason = (
-            f"the same file as {keeper[real]} (through a link): used once"
-            if keeper[real] != path and os.path.exists(path)
-            else _problem(path, sample_rate, min_frames, silence_peak)
-        )
+        if os.path.exists(path) and (keeper[real] != path or real in used):
+            how = (
+                "listed twice" if os.path.abspath(path) == os.path.abspath(keeper[real]) else "through a link"
+            )
+            reason: str | None = f"the same file as {keeper[real]} ({how}): used once"
+        else:
+            used.add(real)
+            reason = _problem(path, sample_rate, min_frames, silence_peak)
         if reason is None:
             pool.paths.append(path)
             pool.frames.append(sf.info(fs_path(path)).frames)

@@ -15,6 +15,7 @@ import glob
 import hashlib
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,9 +26,9 @@ import torch
 from enhance.atomic_files import atomic_path
 from enhance.audio_io import AudioError, fs_path, load_audio, load_mono_16k, resample
 from recipes.audio_pool import SILENCE_PEAK, AudioPool, Skipped, content_fingerprint, list_audio, scan
-from recipes.mixing import MixingConfig, MixingDataset, mix
+from recipes.mixing import MixingConfig, MixingDataset, mix, why_none
 from recipes.paired_crops import PairedDataset
-from recipes.pairs import length_problem
+from recipes.pairs import find_pairs, length_problem
 
 log = logging.getLogger(__name__)
 
@@ -154,16 +155,30 @@ def _mixing(
     speech = scan(list_audio(speech_dirs), rate, cfg.min_seconds)
     noise = scan(list_audio(noise_dirs), rate, cfg.min_seconds)
     skipped = speech.skipped + noise.skipped
+    # a speech folder that holds the noise folder (--speech my --noise my/noise) trained on noise as clean speech
+    speech, out = _leave_out(
+        speech, _real_paths(noise.paths), "also a noise file (noise): not used as speech"
+    )
+    skipped += out
     if val_pairs is not None:
         val, bad = load_val_pairs(val_pairs, cfg.min_seconds)
         skipped += bad
-        train_speech, train_noise = speech, noise
+        # nor may the validation pairs train (--speech my --val-pairs my/dev): the model was then chosen on files it
+        # trained on, and their noisy sides were clean targets
+        held = _real_paths(
+            str(p) for pair in find_pairs(val_pairs, []) for p in (pair.noisy_path, pair.clean_path)
+        )
+        why = "a validation pair's file (val_pairs): not trained on"
+        train_speech, out = _leave_out(speech, held, why)
+        train_noise, out_noise = _leave_out(noise, held, why)
+        skipped += out + out_noise
     else:
         # at most as many files as the validation mixes can use: 5 % of DNS's 60,000 clean files took 25 h out of
         # training for 64 mixes
         most = cfg.val_examples if cfg.val_spread else None
-        train_speech, val_speech = split_pool(speech, cfg.val_holdout, seed, "speech", most)
-        train_noise, val_noise = split_pool(noise, cfg.val_holdout, seed, "noise", most)
+        hint = " (or give validation pairs: --val-pairs)" if cfg.recipe == "folders" else ""
+        train_speech, val_speech = split_pool(speech, cfg.val_holdout, seed, "speech", most, hint)
+        train_noise, val_noise = split_pool(noise, cfg.val_holdout, seed, "noise", most, hint)
         val = fixed_mixes(val_speech, val_noise, cfg.mixing, cfg.val_examples, seed, cfg.val_spread)
     # decoded once here (below 2 GiB each), shared by the loader's forked workers: examples then cost no
     # decoding, which matters for compressed copies (recipes.compact_corpus) and fast GPUs
@@ -179,20 +194,37 @@ def _mixing(
     return RecipeData(train, val, skipped, desc, _fingerprint(files, val))
 
 
+def _real_paths(paths: Iterable[str]) -> set[str]:
+    return {os.path.realpath(p) for p in paths}
+
+
+def _leave_out(pool: AudioPool, real_paths: set[str], reason: str) -> tuple[AudioPool, list[Skipped]]:
+    """``pool`` without the files whose real path is in ``real_paths``, and those files as skipped (one log line
+    for them all: a dev set inside the speech folder is hundreds of files)."""
+    out = [p for p in pool.paths if os.path.realpath(p) in real_paths]
+    if not out:
+        return pool, []
+    log.warning("left %d file(s) out, each %s (e.g. %s)", len(out), reason, out[0])
+    dropped = set(out)
+    return pool.subset([p for p in pool.paths if p not in dropped]), [Skipped(p, reason) for p in out]
+
+
 def _fingerprint(files: list[str], val: list[ValPair]) -> str:
     return content_fingerprint(files, [a for pair in val for a in (pair.noisy, pair.clean)])
 
 
 def split_pool(
-    pool: AudioPool, fraction: float, seed: int, what: str = "", most: int | None = None
+    pool: AudioPool, fraction: float, seed: int, what: str = "", most: int | None = None, hint: str = ""
 ) -> tuple[AudioPool, AudioPool]:
     """Hold out ``fraction`` of the files (at least one, at most ``most``; seeded) for validation; ``what``: the
-    pool's name, for the error."""
+    pool's name, and ``hint`` what else the recipe could take, for the error."""
     n_val = max(1, min(round(len(pool) * fraction), most or len(pool)))
+    if len(pool) == 0:  # why each file was skipped, as the folders recipe with validation pairs says it
+        raise ValueError(f"no usable {what + ' ' if what else ''}files{why_none(pool)}")
     if len(pool) < 2:
         raise ValueError(
             f"need at least 2 usable {what + ' ' if what else ''}files to hold one out for validation, got "
-            f"{len(pool)} (or give validation pairs: --val-pairs)"
+            f"{len(pool)}{hint}"
         )
     order = np.random.default_rng([seed, 99]).permutation(len(pool))
     val_idx, train_idx = sorted(order[:n_val]), sorted(order[n_val:])
@@ -220,7 +252,7 @@ def fixed_mixes(
 def checked_val_pair(
     name: str, noisy: np.ndarray, clean: np.ndarray, paths: tuple[Path, Path], min_seconds: float
 ) -> ValPair | Skipped:
-    """A validation pair cut to its shorter side, or why it is skipped (too short, silent clean side): these pairs
+    """A validation pair cut to its shorter side, or why it is skipped (too short, a silent side): these pairs
     decide which checkpoint is kept, so lengths that do not match (:func:`recipes.pairs.length_problem`) skip it
     too. ``paths``: (noisy, clean), for the report."""
     n = min(len(noisy), len(clean))
@@ -228,6 +260,11 @@ def checked_val_pair(
         return Skipped(str(paths[0]), f"too short ({n / 16000:.2f} s < {min_seconds} s)")
     if np.abs(clean[:n]).max() < SILENCE_PEAK:
         return Skipped(str(paths[1]), "the clean side is silent")
+    if (
+        np.abs(noisy[:n]).max() < SILENCE_PEAK
+    ):  # as training skips silent files: its SI-SDR (-40 dB or so) took
+        # the validation mean down by 12 dB with 5 pairs
+        return Skipped(str(paths[0]), "the noisy side is silent")
     mismatch = length_problem(len(noisy), len(clean))
     if mismatch:  # cut to the shorter side, it was kept without a word
         return Skipped(str(paths[0]), mismatch)
@@ -247,10 +284,8 @@ def skipped_for(exc: AudioError, *paths: Path) -> Skipped:
 
 def load_val_pairs(root: str, min_seconds: float = 0.5) -> tuple[list[ValPair], list[Skipped]]:
     """Validation pairs from a folder layout known to :mod:`recipes.pairs` (16 kHz mono after loading). Like the
-    training files, unreadable, too short and silent (clean side) pairs are skipped and listed with the reason, and
+    training files, unreadable, too short and silent (either side) pairs are skipped and listed with the reason, and
     so is a file without a partner (the layout's warnings): they decide which checkpoint is kept."""
-    from recipes.pairs import find_pairs
-
     out: list[ValPair] = []
     warnings: list[str] = []
     pairs = find_pairs(root, warnings)
@@ -321,7 +356,20 @@ def _voicebank(cfg: DataConfig, seed: int) -> RecipeData:
     clean_pool = scan([p[2] for p in train_pairs], 16000, cfg.min_seconds, shown=source)
     skipped += [Skipped(source[s.path], s.reason) for s in noisy_pool.skipped + clean_pool.skipped]
     good_noisy, good_clean = set(noisy_pool.paths), set(clean_pool.paths)
-    keep = [p for p in train_pairs if p[1] in good_noisy and p[2] in good_clean]
+    frames = dict(zip(noisy_pool.paths, noisy_pool.frames, strict=True))
+    frames.update(zip(clean_pool.paths, clean_pool.frames, strict=True))
+    keep = []
+    for p in train_pairs:
+        if p[1] not in good_noisy or p[2] not in good_clean:
+            continue
+        # VoiceBank's two sides have the same length: a pair that does not is mis-paired (validation and
+        # evaluation said so; training cut it to the shorter side without a word)
+        mismatch = length_problem(frames[p[1]], frames[p[2]])
+        if mismatch:
+            skipped.append(Skipped(source[p[1]], mismatch))
+            log.warning("skipping %s: %s", source[p[1]], mismatch)
+        else:
+            keep.append(p)
     noisy_pool = noisy_pool.subset([p[1] for p in keep])
     clean_pool = clean_pool.subset([p[2] for p in keep])
     train = PairedDataset(noisy_pool, clean_pool, cfg.mixing.segment_samples, seed)

@@ -387,7 +387,12 @@ Files where a metric failed are counted in `n_failed`. Reproduce:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="training run folder")
-    ap.add_argument("--name", default=DEFAULT_MODEL)
+    ap.add_argument(  # no default: a first try of the command on a test run replaced the shipped model
+        "--name",
+        required=True,
+        help="writes models/pretrained/NAME.safetensors and NAME.md, replacing them; "
+        f"'{DEFAULT_MODEL}' is the model every user gets, and also rewrites the golden test targets",
+    )
     ap.add_argument("--pairs", required=True, help="paired dev/test folder to evaluate on")
     ap.add_argument("--no-dnsmos", action="store_true")
     ap.add_argument("--limit", type=positive_int)

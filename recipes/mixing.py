@@ -82,7 +82,7 @@ def segment_index(speech: AudioPool, segment: int) -> list[tuple[int, int]]:
     return index
 
 
-def _why_none(pool: AudioPool) -> str:
+def why_none(pool: AudioPool) -> str:
     """The reasons an empty pool's files were skipped, most common first (with an example of each)."""
     if not pool.skipped:
         return " (none found: is it the right folder, with .wav/.flac/... files?)"
@@ -102,7 +102,7 @@ class MixingDataset(torch.utils.data.Dataset):
     def __init__(self, speech: AudioPool, noise: AudioPool, cfg: MixingConfig, seed: int) -> None:
         for what, pool in (("speech", speech), ("noise", noise)):
             if len(pool) == 0:  # say why: "no usable speech files" alone left a 48 kHz corpus a mystery
-                raise ValueError(f"no usable {what} files{_why_none(pool)}")
+                raise ValueError(f"no usable {what} files{why_none(pool)}")
         self.speech, self.noise, self.cfg, self.seed = speech, noise, cfg, seed
         self.index = segment_index(speech, cfg.segment_samples)
         self.epoch = 0

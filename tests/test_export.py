@@ -253,6 +253,9 @@ def test_export_writes_nothing_until_everything_it_needs_is_there(
     bundled = tmp_path / "pretrained"
     monkeypatch.setattr(export, "PRETRAINED_DIR", bundled)
     common = ["--run", str(run), "--name", "scratch", "--pairs", str(tree.dev), "--no-dnsmos"]
+    with pytest.raises(SystemExit) as exit_:  # it defaulted to the shipped model: a first try replaced it
+        export.main(["--run", str(run), "--pairs", str(tree.dev), "--no-dnsmos"])
+    assert exit_.value.code == 2 and "required: --name" in capsys.readouterr().err
     for extra, message in (
         (["--attenuation-sweep", "none,20dB"], "--attenuation-sweep: expected dB values or none"),
         (["--pairs", str(tmp_path / "nowhere")], "nowhere"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 
 from recipes.datasets import DataConfig, build
 from recipes.mixing import MixingConfig
-from tests.audio_trees import RATE, build_voicebank, noise, write
+from tests.audio_trees import RATE, build_dns, build_folders, build_voicebank, noise, write
 
 
 def _tone_corpus(root: Path, n: int) -> list[float]:
@@ -82,6 +83,91 @@ def test_a_link_to_a_listed_file_is_used_once(tmp_path: Path) -> None:
         linked["a-link.wav"]
         == f"the same file as {tmp_path / 'speech' / 's01.wav'} (through a link): used once"
     )
+
+
+def test_overlapping_folders_use_each_file_once(tmp_path: Path) -> None:
+    """The same folder twice, or a folder and one inside it, listed the same paths twice: those files trained
+    twice, and one could be held out for validation while its twin trained (a link was caught, not this)."""
+    tree = build_folders(tmp_path)
+    speech = str(tree.speech)
+    for listed in ((speech, speech), (speech, str(tree.speech / "spk0")), (speech, speech + "/spk0/../spk0")):
+        cfg = DataConfig(speech=listed, noise=(str(tree.noise),), val_pairs=str(tree.dev))
+        data = build(cfg, seed=0)
+        assert data.description.startswith("6 speech files"), (listed, data.description)
+        twins = [s for s in data.skipped if "used once" in s.reason]
+        assert len(twins) == (6 if listed[1] == speech else 3), (listed, data.skipped)
+        assert all("(listed twice)" in s.reason for s in twins), twins
+
+
+def test_noise_and_validation_files_inside_the_speech_folder_are_not_trained_on_as_speech(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--speech my --noise my/noise --val-pairs my/devset trained on the noise and on both sides of the dev pairs
+    as clean speech, and the model was then chosen on pairs it had trained on."""
+    tree = build_folders(tmp_path)
+    cfg = DataConfig(speech=(str(tmp_path),), noise=(str(tree.noise),), val_pairs=str(tree.dev))
+    with caplog.at_level(logging.WARNING, logger="recipes.datasets"):
+        data = build(cfg, seed=0)
+    assert re.match(r"6 speech files \(.*\), 3 noise files \(.*\), 2 validation pairs", data.description), (
+        data
+    )
+    reasons = {Path(s.path).relative_to(tmp_path).as_posix(): s.reason for s in data.skipped}
+    assert reasons == {
+        **{f"noise/n{i}.wav": "also a noise file (noise): not used as speech" for i in range(3)},
+        **{
+            f"devset/dev/{side}/{i:04d}.wav": "a validation pair's file (val_pairs): not trained on"
+            for side in ("clean", "noisy")
+            for i in (1, 2)
+        },
+    }
+    assert "left 4 file(s) out, each a validation pair's file" in caplog.text
+    # the validation pairs given as the noise folder: not trained on as noise either
+    cfg = DataConfig(
+        speech=(str(tree.speech),), noise=(str(tree.noise), str(tree.dev)), val_pairs=str(tree.dev)
+    )
+    noise_too = build(cfg, seed=0).description
+    assert re.match(r"6 speech files \(.*\), 3 noise files \(.*\), 2 validation pairs", noise_too), noise_too
+
+
+def test_a_mispaired_voicebank_training_pair_and_a_silent_noisy_validation_side_are_skipped(
+    tmp_path: Path,
+) -> None:
+    """A training pair whose sides differ in length (mis-paired: VoiceBank's never do) was cut to the shorter
+    side without a word, as validation and evaluation did not; a validation pair with a silent noisy side was
+    scored (about -40 dB SI-SDR), taking the validation mean down by 12 dB with 5 pairs."""
+    root = build_voicebank(tmp_path / "vb", utterances=2)
+    train_noisy = root / "noisy_trainset_28spk_wav"
+    write(train_noisy / "p239_002.wav", noise(3.5, 48000, seed=1), 48000)  # p239 trains
+    write(train_noisy / "p287_001.wav", np.zeros(48000 * 2, np.float32), 48000)  # p287 is held out
+    cfg = DataConfig(recipe="voicebank", root=str(root), cache_dir=str(tmp_path / "cache"))
+    data = build(cfg, seed=0)
+    reasons = {Path(s.path).name: s.reason for s in data.skipped}
+    assert set(reasons) == {"p239_002.wav", "p287_001.wav"}, data.skipped
+    assert reasons["p239_002.wav"].startswith("noisy 3.50 s and clean 1.40 s: lengths differ"), reasons
+    assert reasons["p287_001.wav"] == "the noisy side is silent"
+    assert len(data.train) == 3 and [p.name for p in data.val] == [
+        "p226_001.wav",
+        "p226_002.wav",
+        "p287_002.wav",
+    ]
+
+
+def test_too_few_dns_noise_files_say_why_without_a_flag_the_recipe_refuses(tmp_path: Path) -> None:
+    """With one noise file the DNS recipe said "or give validation pairs: --val-pairs", which it then refused
+    ("the dns recipe does not use data.val_pairs"); with none it did not say why, as the folders recipe does."""
+    tree = build_dns(tmp_path / "dns", n_noise=1)
+    cfg = DataConfig(recipe="dns", root=str(tree.root))
+    with pytest.raises(ValueError) as one:
+        build(cfg, seed=0)
+    assert str(one.value) == "need at least 2 usable noise files to hold one out for validation, got 1"
+    for path in (tree.root / "datasets" / "noise").iterdir():
+        path.unlink()
+    with pytest.raises(ValueError, match=r"^no usable noise files \(none found: is it the right folder"):
+        build(cfg, seed=0)
+    write(tmp_path / "one" / "n.wav", noise(2.0))  # the folders recipe can take validation pairs: it says so
+    folders = DataConfig(speech=(str(tree.root / "datasets" / "clean"),), noise=(str(tmp_path / "one"),))
+    with pytest.raises(ValueError, match=r"got 1 \(or give validation pairs: --val-pairs\)$"):
+        build(folders, seed=0)
 
 
 def test_voicebank_without_the_default_speakers_says_which_it_holds_out(
