@@ -59,7 +59,9 @@ def compact(src: Path, dst: Path, level: float) -> tuple[int, int, int]:
 
 @on_interrupt("recipes.compact_corpus", "the files written so far are whole: run it again to finish")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m recipes.compact_corpus", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("src", type=Path)
     ap.add_argument("dst", type=Path)
     ap.add_argument("--level", type=float, default=0.9, help="compression level, 0 (best) .. 1 (smallest)")

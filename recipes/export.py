@@ -385,7 +385,11 @@ Files where a metric failed are counted in `n_failed`. Reproduce:
 
 @on_interrupt("recipes.export", "each file it writes is written whole or not at all: run it again")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m recipes.export",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--run", required=True, help="training run folder")
     ap.add_argument(  # no default: a first try of the command on a test run replaced the shipped model
         "--name",
