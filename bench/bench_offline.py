@@ -92,6 +92,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, help="the table's file (default: bench/results/offline-<device>.md)")
     args = ap.parse_args()
+    if args.repeats < 1:  # it failed with a traceback, after minutes of the long-file run
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.minutes <= 0:
+        ap.error(f"--minutes must be positive, got {args.minutes:g}")
     exit_on_sigterm()  # the CLI run it waits for is killed, its temporary files removed
     try:
         return run(args)

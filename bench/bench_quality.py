@@ -70,7 +70,7 @@ from enhance.errors import EnhanceError
 from models import CheckpointError
 from recipes.evaluate import summarize, write_csv
 from recipes.metrics import DNSMOS, METRIC_KEYS, compute_metrics, metrics_problem
-from recipes.pairs import discover_pairs
+from recipes.pairs import discover_pairs, length_problem
 from recipes.run_folder import out_folder_problem, write_text
 
 HERE = Path(__file__).resolve().parent
@@ -496,8 +496,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_CALIBRATION,
         help="audio to measure each system's delay on (default: examples/noisy.wav)",
     )
-    parser.add_argument(
-        "--out", type=Path, default=ROOT / "bench" / "results" / "quality", help="output folder"
+    parser.add_argument(  # no default: a first run on one's own pairs replaced the README's results
+        "--out",
+        type=Path,
+        required=True,
+        help="output folder, its tables replaced (bench/results/quality holds the README's, on the shared dev pairs)",
     )
     return parser
 
@@ -543,16 +546,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     scorer = None if args.no_dnsmos else DNSMOS(num_threads=1)
     computed = METRIC_KEYS if scorer is not None else tuple(k for k in METRIC_KEYS if k not in DNSMOS_KEYS)
     per_file: list[dict[str, Any]] = []
-    skipped = 0
+    skipped = multichannel = 0
+    mismatched: list[str] = []
     show = sys.stderr.isatty()
     for pair in tqdm(pairs, desc="bench", unit="file", disable=not show, file=sys.stderr):
         try:
-            clean = load_mono_16k(pair.clean_path)[0]
-            noisy = load_mono_16k(pair.noisy_path)[0]
+            clean, _, clean_channels = load_mono_16k(pair.clean_path)
+            noisy, _, noisy_channels = load_mono_16k(pair.noisy_path)
         except EnhanceError as exc:
             skipped += 1
             _stderr(f"skipped {pair.name}: {exc}")
             continue
+        # scored as recipes.evaluate scores them, and said as it says it (a mis-paired file was scored on the
+        # shorter length without a word)
+        mismatch = length_problem(len(noisy), len(clean))
+        if mismatch:
+            mismatched.append(f"{pair.name}: {mismatch}")
+            _stderr(f"warning: {pair.name}: {mismatch}; scored on the shorter length")
+        if max(clean_channels, noisy_channels) > 1:
+            multichannel += 1
         audio_s = len(noisy) / RATE
         base = {"name": pair.name, "audio_s": audio_s}
         per_file.append(
@@ -591,6 +603,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     notes += [
         f"test set: {w}" for w in found.warnings
     ]  # unpaired files, in the table's notes, not only stderr
+    notes += [f"scored on the shorter length (mis-paired?): {m}" for m in mismatched]
+    if multichannel:
+        notes.append(f"{multichannel} pair(s) with more than one channel: channel 0 enhanced and scored")
     header = header_text(shown_argv, found.layout, found.root, len(pairs), scorer is not None, calibration)
     md = markdown(rows, entries, header, table_notes(entries, notes))
     ours = {e.name for e in running if isinstance(e.system, peers.TimSystem)}

@@ -166,6 +166,12 @@ def main() -> int:
     )
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    # a warm-up second comes first, and each delay search looks 0.1 s ahead: shorter runs gave "not run" rows
+    # (an empty list of hop times) and a wrong DF3 delay, with exit 0
+    if args.seconds < 1:
+        ap.error(f"--seconds must be at least 1, got {args.seconds:g}")
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.one:  # one system's run, in its own process (below)
         print(json.dumps(run_system(args.one, args.seconds, args)))
         return 0
@@ -180,7 +186,7 @@ def main() -> int:
     load_before = os.getloadavg()[0]
     runs: dict[str, list[dict]] = {name: [] for name in SYSTEMS}
     failed: dict[str, str] = {}
-    for _ in range(max(1, args.rounds)):  # round-robin: a slow spell of the machine hits every system alike
+    for _ in range(args.rounds):  # round-robin: a slow spell of the machine hits every system alike
         for name in SYSTEMS:
             if name in failed:
                 continue

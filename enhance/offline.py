@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from enhance.audio_io import MODEL_RATE, check_audio, fit_length, resample, whole_rate
+from enhance.audio_io import MODEL_RATE, check_audio, fit_length, rate_range_error, resample, whole_rate
 from enhance.dc_blocker import remove_dc
 from enhance.high_band import high_band_output
 from enhance.stft import log_magnitude, rebuild, stft
@@ -51,12 +51,15 @@ def enhance_audio(
     return_competition: bool = False,
     high_band: bool = True,
 ) -> Enhanced:
-    """Enhance ``[channels, samples]`` float audio at any rate: resampled to 16 kHz and back, at the input's
+    """Enhance ``[channels, samples]`` float audio at 1-768 kHz: resampled to 16 kHz and back, at the input's
     exact length. ``high_band``: above 16 kHz, keep the input's band above 8 kHz, gated by the model's gain near
     8 kHz (:mod:`enhance.high_band`); False: the output holds the 16 kHz model's band only."""
     wav = np.asarray(wav)
     check_audio(wav)
     sample_rate = whole_rate(sample_rate)
+    problem = rate_range_error(sample_rate)  # as the CLI and the server refuse it
+    if problem:
+        raise ValueError(problem)
     x = resample(wav, sample_rate, MODEL_RATE)
     stand_in = x.shape[1] == 0
     if stand_in:  # fewer input samples than one at 16 kHz: enhance one

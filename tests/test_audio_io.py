@@ -226,6 +226,9 @@ def test_a_whole_float_rate_and_float16_audio_are_taken_at_any_rate(tiny: Enhanc
     for bad in (44100.5, "44100", True):  # a str was a TypeError from comparing it with 1
         with pytest.raises(ValueError, match="whole number of Hz"):
             enhance_audio(tiny, x, bad)  # type: ignore[arg-type]
+    for out_of_range in (999, 1_000_000):  # the CLI and the server refused them; Python took them
+        with pytest.raises(ValueError, match=f"sample rate {out_of_range} Hz is outside the 1000-768000 Hz"):
+            enhance_audio(tiny, x, out_of_range)
 
 
 def test_any_rate_comes_back_at_its_rate_and_length(tiny: Enhancer) -> None:

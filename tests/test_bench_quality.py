@@ -323,6 +323,26 @@ def test_a_run_that_scores_nothing_leaves_earlier_results(
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_a_mispaired_or_multichannel_pair_is_said_in_the_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pair whose sides differ in length was scored on the shorter one without a word, and a stereo pair on its
+    channel 0 (as recipes.evaluate scores them, which says so): the table's notes and stderr say it now."""
+    bench = _bench_module("bench_quality")
+    pairs = tmp_path / "pairs"
+    clean = speech_like(2.0, seed=1)
+    for side, x in (("clean", clean), ("noisy", np.concatenate([clean, clean[:16000]]) + 0.01)):
+        (pairs / side).mkdir(parents=True, exist_ok=True)
+        sf.write(pairs / side / "a.wav", x, 16000)
+        sf.write(pairs / side / "b.wav", np.stack([clean, clean], axis=1), 16000)
+    out = tmp_path / "out"
+    assert bench.main(["--pairs", str(pairs), "--no-dnsmos", "--systems", "delay:0", "--out", str(out)]) == 0
+    assert "warning: a: noisy 3.00 s and clean 2.00 s: lengths differ" in capsys.readouterr().err
+    summary = (out / "summary.md").read_text()
+    assert "- scored on the shorter length (mis-paired?): a: noisy 3.00 s and clean 2.00 s" in summary
+    assert "- 1 pair(s) with more than one channel: channel 0 enhanced and scored" in summary
+
+
 def test_logmmse_stays_aligned_past_its_one_minute_pieces(peers: ModuleType) -> None:
     """The package's entry point works in 60-s pieces, each of which came back 320 samples short: past the first
     minute of a file the output was 20 ms early, which the delay calibrated on a short signal cannot see."""
