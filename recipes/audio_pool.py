@@ -134,16 +134,15 @@ def scan(
     pool = AudioPool([], [], sample_rate)
     min_frames = int(min_seconds * sample_rate)
     paths = list(paths)
-    # a file named twice (through a link, or by overlapping folders) was trained on twice, and could be held out for validation while its
-    # twin trained: it is used once, by its own name where that is listed (the name sorted first kept the link
-    # and called the file itself the duplicate), else by the first name
+    # a file named twice (through a link, or by overlapping folders) was trained on twice, and could be held out
+    # for validation while its twin trained: it is used once, by its own name where that is listed (the name
+    # sorted first kept the link and called the file itself the duplicate), else by the first name
     keeper: dict[str, str] = {}  # real path -> the path that uses it
     for path in paths:
         real = os.path.realpath(path)
         if real not in keeper or (os.path.abspath(path) == real != os.path.abspath(keeper[real])):
             keeper[real] = path
-    used: set[str] = set()  # real paths taken once already: the same folder listed twice, or nested folders
-    # (--speech a --speech a/b), listed the same path twice, and it trained twice
+    used: set[str] = set()  # real paths taken already (overlapping folders list the same path twice)
     for path in paths:
         real = os.path.realpath(path)
         if os.path.exists(path) and (keeper[real] != path or real in used):

@@ -34,7 +34,7 @@ from server.jobs import JobRunner
 from server.metrics import Metrics
 from server.registry import Loader, ModelStore, load_models, public_load_error
 from server.routes import answer_head, router, v1
-from server.stream import SHUTDOWN_MARKER, TRY_LATER, error_message, stream_endpoint
+from server.stream import TRY_LATER, error_message, shutdown_error, stream_endpoint
 
 log = logging.getLogger("server")
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -313,7 +313,7 @@ def create_app(config: ServerConfig | None = None, *, loader: Loader | None = No
         queue_timeout_s=config.queue_timeout_s,
     )
     app.state.streams_open = 0
-    app.state.stream_drain = StreamDrain(SHUTDOWN_MARKER)  # see server.drain
+    app.state.stream_drain = StreamDrain(shutdown_error)  # see server.drain
     install_handlers(app)
     app.include_router(router)
     app.include_router(v1)

@@ -17,6 +17,7 @@ import math
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -38,8 +39,8 @@ class StreamDrain:
     """The open streams' inboxes (see ``server.stream``), and whether the server is shutting down. Used on the
     event loop only."""
 
-    def __init__(self, marker: object) -> None:
-        self.marker = marker  # what a stream finds in its inbox when told to stop
+    def __init__(self, marker: Callable[[], object]) -> None:
+        self.marker = marker  # makes what a stream finds in its inbox when told to stop
         self.closing = False
         self._inboxes: set[Inbox] = set()
         self._empty = asyncio.Event()
@@ -65,7 +66,7 @@ class StreamDrain:
         waiting for room) and wait up to ``timeout`` s for the streams to end; whether they all did."""
         self.closing = True
         for inbox in self._inboxes:
-            inbox.push(self.marker)
+            inbox.push(self.marker())
         try:
             await asyncio.wait_for(self._empty.wait(), timeout)
         except asyncio.TimeoutError:
@@ -81,9 +82,8 @@ class DrainingServer(uvicorn.Server):
         self.streams = streams
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        for (
-            server
-        ) in self.servers:  # no new connections while the streams drain (uvicorn's shutdown repeats it)
+        # no new connections while the streams drain (uvicorn's shutdown repeats this)
+        for server in self.servers:
             server.close()
         for sock in sockets or []:
             sock.close()

@@ -85,11 +85,15 @@ class StreamError(Exception):
         self.code, self.message, self.close_code = code, message, close_code
 
 
-# what an open stream finds in its inbox when the server shuts down (server.drain): behind the audio received
-SHUTDOWN_MARKER = StreamError(
-    SHUTTING_DOWN, "the server is shutting down; reconnect (elsewhere) and go on", SERVICE_RESTART
-)
-# errors after which the audio the stream holds goes back first (it was lost)
+def shutdown_error() -> StreamError:
+    """What an open stream finds in its inbox when the server shuts down (server.drain), behind the audio it
+    received; and what a stream that starts during the drain gets."""
+    return StreamError(
+        SHUTTING_DOWN, "the server is shutting down; reconnect (elsewhere) and go on", SERVICE_RESTART
+    )
+
+
+# errors after which the audio the stream holds goes back first
 _FINISH_FIRST = ("idle_timeout", "stream_too_long", SHUTTING_DOWN)
 
 SOXR_QUALITY = {"high": "HQ", "low_latency": "LQ"}
@@ -326,7 +330,7 @@ async def _serve(ws: WebSocket, start: StreamStart) -> str:
     try:
         state.stream_drain.add(inbox)
     except ShuttingDown:
-        raise StreamError(SHUTDOWN_MARKER.code, SHUTDOWN_MARKER.message, SHUTDOWN_MARKER.close_code) from None
+        raise shutdown_error() from None
     reader = asyncio.create_task(_read_into(ws, inbox, cfg.stream_idle_timeout_s, work, open_s))
     try:
         return await _process(ws, inbox, session, work, limit, cfg.stream_idle_timeout_s)
@@ -459,11 +463,16 @@ async def _process(
         msg = held if held is not None else await inbox.get()
         held = None
         if isinstance(msg, StreamError):
-            text = msg.message
-            if msg.code in _FINISH_FIRST and session.received:
+            if (
+                msg.code in _FINISH_FIRST and session.received
+            ):  # the audio it holds goes back first (it was lost)
                 await _finish(ws, session, work, idle_s)
-                text += f"; the {session.sent} samples per channel received were enhanced and sent"
-            raise StreamError(msg.code, text, msg.close_code)  # a new one: the shutdown marker is shared
+                msg = StreamError(
+                    msg.code,
+                    f"{msg.message}; the {session.sent} samples per channel received were enhanced and sent",
+                    msg.close_code,
+                )
+            raise msg
         if msg["type"] == "websocket.disconnect":
             return "disconnected"
         if msg.get("bytes") is not None:

@@ -80,7 +80,8 @@ def test_the_shutdown_marker_goes_behind_a_full_inbox_and_no_stream_opens_after_
     streams only as long as it is given."""
 
     async def scenario() -> None:
-        drain, marker = StreamDrain("stop"), "stop"
+        marker = "stop"
+        drain = StreamDrain(lambda: marker)
         inbox: Inbox[object] = Inbox(max_messages=2, max_bytes=100)
         drain.add(inbox)
         await inbox.put(_frame(1))
