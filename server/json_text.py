@@ -2,8 +2,9 @@
 
 ``json.dumps`` is one C call that holds the GIL from start to end, so even in a worker thread the encoding of a
 long file's competition maps (3.2 MB of JSON for 10 minutes) stalled the event loop, and every open stream's hops
-with it, for as long as the whole call: 135 ms. :func:`json_bytes` gives the same bytes as ``JSONResponse`` in
-calls of at most ``rows`` list items, between which the other threads (the event loop) get their turn: 12 ms.
+with it, for as long as the whole call: 139-161 ms. :func:`json_bytes` gives the same bytes as ``JSONResponse``
+in calls of at most ``rows`` list items, between which the other threads (the event loop) get their turn: 7-12 ms
+(``bench/results/analyze-json/stall.py``, three runs).
 """
 
 from __future__ import annotations
